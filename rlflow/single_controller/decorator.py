@@ -1,0 +1,327 @@
+"""``@register``: how a worker method's arguments are split over a worker group and its results joined.
+
+A method of a :class:`~rlflow.single_controller.worker.Worker` subclass decorated with
+``@register(dispatch_mode=..., execute_mode=..., blocking=...)`` becomes a method of the worker *group*:
+the driver calls ``group.method(data)`` once, the dispatch function turns the arguments into one set
+per rank, every selected rank runs the method, and the collect function turns the per-rank results
+back into one value.
+
+Dispatch modes:
+
+* ``ONE_TO_ALL``: every rank gets the same arguments; the result is the list of per-rank results.
+* ``ALL_TO_ALL``: arguments pass through unchanged (each is expected to be a per-rank list already).
+* ``RANK_ZERO``: only rank 0 runs; its result is returned.
+* ``DP_COMPUTE``: arguments are per-rank lists; results are the per-rank list.
+* ``DP_COMPUTE_PROTO``: ``DataProto`` / ``DataProtoFuture`` arguments are padded to a multiple of the
+  world size and chunked by rank; results are concatenated and the padding stripped.
+* ``DP_COMPUTE_PROTO_WITH_FUNC``: the first argument is a function sent to every rank, the rest as in
+  ``DP_COMPUTE_PROTO``.
+* :func:`make_nd_compute_dataproto_dispatch_fn` (mesh-aware): data is chunked by the *data-parallel*
+  rank a worker registered for a named mesh; sequence-parallel peers receive the same object (stored
+  once), every rank runs, and only the ranks that registered as *collect* ranks are gathered.
+
+With ``blocking=False`` a data-parallel call returns a :class:`~rlflow.protocol.DataProtoFuture` at
+once.  Passing that future to another group's method hands each of its workers exactly its samples,
+routed by sample index; the driver moves object refs only, never the data.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rlflow.protocol import DataProto, DataProtoFuture, FutureSlice, pad_dataproto_to_divisor, unpad_dataproto
+
+if TYPE_CHECKING:
+    from rlflow.single_controller.worker_group import RayWorkerGroup as WorkerGroup
+
+MAGIC_ATTR = "__rlflow_register__"
+
+
+class Dispatch(Enum):
+    ONE_TO_ALL = "one_to_all"
+    ALL_TO_ALL = "all_to_all"
+    RANK_ZERO = "rank_zero"
+    DP_COMPUTE = "dp_compute"
+    DP_COMPUTE_PROTO = "dp_compute_proto"
+    DP_COMPUTE_PROTO_WITH_FUNC = "dp_compute_proto_with_func"
+
+
+class Execute(Enum):
+    ALL = "all"
+    RANK_ZERO = "rank_zero"
+
+
+@dataclass(frozen=True)
+class MeshDispatch:
+    """Mesh-aware data-parallel dispatch for the mesh that workers registered under ``mesh_name``."""
+
+    mesh_name: str
+
+
+def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> MeshDispatch:
+    """Dispatch mode that splits data by the DP rank workers registered for ``mesh_name``."""
+    return MeshDispatch(mesh_name)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    dispatch_mode: Dispatch | MeshDispatch
+    execute_mode: Execute
+    blocking: bool
+
+
+def register(
+    dispatch_mode: Dispatch | MeshDispatch = Dispatch.ALL_TO_ALL,
+    execute_mode: Execute = Execute.ALL,
+    blocking: bool = True,
+    materialize_futures: bool = True,
+) -> Callable:
+    """Mark a worker method as callable on the whole group (see the module docstring).
+
+    Args:
+        dispatch_mode: how arguments are split over ranks and results joined.
+        execute_mode: which ranks run the method.
+        blocking: ``False`` makes the group call return a future at once.
+        materialize_futures: resolve future slices handed to this worker before the method runs.
+    """
+    if not isinstance(dispatch_mode, Dispatch | MeshDispatch):
+        raise TypeError(f"register: dispatch_mode must be a Dispatch or MeshDispatch, got {dispatch_mode!r}")
+    if not isinstance(execute_mode, Execute):
+        raise TypeError(f"register: execute_mode must be an Execute, got {execute_mode!r}")
+
+    def decorator(func: Callable) -> Callable:
+        @functools.wraps(func)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            if materialize_futures:
+                args = tuple(_materialize(a) for a in args)
+                kwargs = {k: _materialize(v) for k, v in kwargs.items()}
+            return func(*args, **kwargs)
+
+        setattr(inner, MAGIC_ATTR, MethodSpec(dispatch_mode, execute_mode, blocking))
+        return inner
+
+    return decorator
+
+
+def get_method_spec(method: Callable) -> MethodSpec | None:
+    return getattr(method, MAGIC_ATTR, None)
+
+
+def registered_methods(cls: type) -> dict[str, MethodSpec]:
+    """Every ``@register``-ed method of ``cls`` (including inherited ones), by name."""
+    out = {}
+    for name, member in inspect.getmembers(cls, predicate=callable):
+        spec = get_method_spec(member)
+        if spec is not None:
+            out[name] = spec
+    return out
+
+
+def _materialize(arg: Any) -> Any:
+    """Inside a worker: fetch the samples a :class:`FutureSlice` stands for."""
+    if isinstance(arg, FutureSlice):
+        return arg.resolve()
+    if isinstance(arg, DataProtoFuture):
+        return arg.get()
+    return arg
+
+
+# ----------------------------------------------------------------------------------------------------------
+# dispatch: driver-side arguments -> per-rank arguments
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Dispatched:
+    """Per-rank positional and keyword arguments, plus what collect needs to undo the dispatch."""
+
+    args: list[tuple]
+    kwargs: list[dict]
+    pad_size: int = 0
+    chunk_sizes: list[int] | None = None
+
+
+def dispatch_one_to_all(wg: WorkerGroup, *args: Any, **kwargs: Any) -> Dispatched:
+    n = wg.world_size
+    return Dispatched([args] * n, [kwargs] * n)
+
+
+def dispatch_all_to_all(wg: WorkerGroup, *args: Any, **kwargs: Any) -> Dispatched:
+    n = wg.world_size
+    return Dispatched(
+        [tuple(_rank_item(a, r, n, f"argument {i}") for i, a in enumerate(args)) for r in range(n)],
+        [{k: _rank_item(v, r, n, f"argument {k!r}") for k, v in kwargs.items()} for r in range(n)],
+    )
+
+
+def _rank_item(value: Any, rank: int, n: int, what: str) -> Any:
+    if not isinstance(value, list | tuple) or len(value) != n:
+        raise ValueError(f"{what} must be a list with one entry per rank ({n}), got {type(value).__name__}")
+    return value[rank]
+
+
+def _data_length(args: tuple, kwargs: dict) -> int | None:
+    lengths = {len(v) for v in (*args, *kwargs.values()) if isinstance(v, DataProto | DataProtoFuture)}
+    if len(lengths) > 1:
+        raise ValueError(
+            f"data-parallel dispatch: DataProto arguments have different lengths {sorted(lengths)}"
+        )
+    return lengths.pop() if lengths else None
+
+
+def chunk_for_dp(value: Any, n_chunks: int) -> tuple[list[Any], int]:
+    """Pad ``value`` to a multiple of ``n_chunks`` (repeating its first samples) and split it by sample."""
+    if isinstance(value, DataProto):
+        padded, pad = pad_dataproto_to_divisor(value, n_chunks)
+        return padded.chunk(n_chunks), pad
+    if isinstance(value, DataProtoFuture):
+        return _chunk_future(value, n_chunks)
+    raise TypeError(
+        f"data-parallel dispatch expects DataProto or DataProtoFuture, got {type(value).__name__}"
+    )
+
+
+def _chunk_future(future: DataProtoFuture, n_chunks: int) -> tuple[list[FutureSlice], int]:
+    """Split a future by sample index; padding wraps around to the first samples, like the DataProto path."""
+    n = len(future)
+    pad = (-n) % n_chunks
+    step = (n + pad) // n_chunks
+    chunks = []
+    for r in range(n_chunks):
+        lo, hi = r * step, (r + 1) * step
+        parts = future.slice_by_index(min(lo, n), min(hi, n)).parts
+        if hi > n:  # padded samples: indices n.. map to 0..
+            wrap_lo = max(lo, n) - n
+            parts = parts + future.slice_by_index(wrap_lo, hi - n).parts
+        chunks.append(FutureSlice(parts=parts))
+    return chunks, pad
+
+
+def dispatch_dp_compute_proto(wg: WorkerGroup, *args: Any, **kwargs: Any) -> Dispatched:
+    n = wg.world_size
+    return _dispatch_proto(n, list(range(n)), args, kwargs)
+
+
+def _dispatch_proto(n_chunks: int, chunk_of_rank: list[int], args: tuple, kwargs: dict) -> Dispatched:
+    """Chunk every DataProto-like argument into ``n_chunks``; rank ``r`` gets chunk ``chunk_of_rank[r]``."""
+    length = _data_length(args, kwargs)
+    if length is None:
+        raise ValueError("data-parallel dispatch needs at least one DataProto or DataProtoFuture argument")
+    pad = (-length) % n_chunks
+    split_args = [chunk_for_dp(a, n_chunks)[0] if _is_data(a) else None for a in args]
+    split_kwargs = {k: (chunk_for_dp(v, n_chunks)[0] if _is_data(v) else None) for k, v in kwargs.items()}
+    shared_args = [_put_chunks(s) for s in split_args]
+    shared_kwargs = {k: _put_chunks(s) for k, s in split_kwargs.items()}
+    per_args, per_kwargs = [], []
+    for chunk in chunk_of_rank:
+        per_args.append(tuple(a if s is None else s[chunk] for a, s in zip(args, shared_args)))
+        per_kwargs.append(
+            {k: (v if shared_kwargs[k] is None else shared_kwargs[k][chunk]) for k, v in kwargs.items()}
+        )
+    sizes = [(length + pad) // n_chunks] * n_chunks
+    return Dispatched(per_args, per_kwargs, pad_size=pad, chunk_sizes=sizes)
+
+
+def _is_data(value: Any) -> bool:
+    return isinstance(value, DataProto | DataProtoFuture)
+
+
+def _put_chunks(chunks: list | None) -> list | None:
+    """Store DataProto chunks in the object store once, so ranks sharing a chunk share one object."""
+    if chunks is None:
+        return None
+    import ray
+
+    return [ray.put(c) if isinstance(c, DataProto) else c for c in chunks]
+
+
+def dispatch_dp_compute_proto_with_func(
+    wg: WorkerGroup, func: Callable, *args: Any, **kwargs: Any
+) -> Dispatched:
+    if not callable(func):
+        raise TypeError(
+            f"DP_COMPUTE_PROTO_WITH_FUNC: the first argument must be callable, got {type(func).__name__}"
+        )
+    out = dispatch_dp_compute_proto(wg, *args, **kwargs)
+    out.args = [(func, *a) for a in out.args]
+    return out
+
+
+def dispatch_mesh(mesh: MeshDispatch, wg: WorkerGroup, *args: Any, **kwargs: Any) -> Dispatched:
+    info = wg.dispatch_info(mesh.mesh_name)
+    dp_size = info.dp_size
+    return _dispatch_proto(dp_size, info.dp_ranks, args, kwargs)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# collect: per-rank results -> one value
+# ----------------------------------------------------------------------------------------------------------
+
+
+def collect_all(outputs: list[Any]) -> list[Any]:
+    return outputs
+
+
+def collect_dp_proto(outputs: list[Any], pad_size: int) -> DataProto:
+    for rank, out in enumerate(outputs):
+        if not isinstance(out, DataProto):
+            raise TypeError(
+                f"rank {rank} returned {type(out).__name__}; a DP_COMPUTE_PROTO method must return DataProto"
+            )
+    return unpad_dataproto(DataProto.concat(outputs), pad_size)
+
+
+@dataclass
+class MeshInfo:
+    """Per-rank data-parallel rank and collect flag for one named mesh, gathered from the workers."""
+
+    dp_ranks: list[int]
+    is_collect: list[bool]
+
+    def __post_init__(self) -> None:
+        self.dp_size = max(self.dp_ranks) + 1
+        collect_dp = sorted(d for d, c in zip(self.dp_ranks, self.is_collect) if c)
+        if collect_dp != list(range(self.dp_size)):
+            raise ValueError(
+                f"mesh dispatch needs exactly one collect rank per dp rank 0..{self.dp_size - 1}, "
+                f"got collect dp ranks {collect_dp}"
+            )
+
+    def collect_order(self) -> list[int]:
+        """Worker ranks to gather, ordered by their DP rank."""
+        ranks = [r for r, c in enumerate(self.is_collect) if c]
+        return sorted(ranks, key=lambda r: self.dp_ranks[r])
+
+
+def dispatch_for(spec: MethodSpec) -> Callable:
+    table = {
+        Dispatch.ONE_TO_ALL: dispatch_one_to_all,
+        Dispatch.ALL_TO_ALL: dispatch_all_to_all,
+        Dispatch.RANK_ZERO: dispatch_one_to_all,
+        Dispatch.DP_COMPUTE: dispatch_all_to_all,
+        Dispatch.DP_COMPUTE_PROTO: dispatch_dp_compute_proto,
+        Dispatch.DP_COMPUTE_PROTO_WITH_FUNC: dispatch_dp_compute_proto_with_func,
+    }
+    if isinstance(spec.dispatch_mode, MeshDispatch):
+        return functools.partial(dispatch_mesh, spec.dispatch_mode)
+    return table[spec.dispatch_mode]
+
+
+def is_data_parallel(spec: MethodSpec) -> bool:
+    return isinstance(spec.dispatch_mode, MeshDispatch) or spec.dispatch_mode in (
+        Dispatch.DP_COMPUTE_PROTO,
+        Dispatch.DP_COMPUTE_PROTO_WITH_FUNC,
+    )
+
+
+def future_from_refs(refs: list[Any], chunk_sizes: list[int], pad_size: int) -> DataProtoFuture:
+    """The future of a data-parallel call: shards in order, padding excluded from its range."""
+    total = int(np.sum(chunk_sizes))
+    return DataProtoFuture(refs=list(refs), shard_sizes=list(chunk_sizes), start=0, end=total - pad_size)

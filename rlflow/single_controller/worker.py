@@ -1,0 +1,85 @@
+"""``Worker``: the base class of everything that runs inside a worker-group actor."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from rlflow.single_controller.decorator import Dispatch, Execute, register
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def node_ip_address() -> str:
+    """This node's IP as Ray sees it (falls back to loopback outside Ray)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except Exception:  # pragma: no cover - Ray missing or not a Ray process
+        pass
+    return "127.0.0.1"
+
+
+class Worker:
+    """A rank of a worker group.
+
+    Rank, world size and the rendezvous address come from the environment (``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``), which the worker group sets for each actor; rank 0
+    picks a free port when none is given, and the group hands it to the other ranks.  Outside a group
+    (a plain process) a worker is rank 0 of 1.
+    """
+
+    def __init__(self) -> None:
+        self._rank = int(os.environ.get("RANK", "0"))
+        self._world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        os.environ.setdefault("LOCAL_RANK", "0")
+        if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+            if self._rank != 0:
+                raise RuntimeError(f"worker rank {self._rank} started without MASTER_ADDR/MASTER_PORT")
+            os.environ["MASTER_ADDR"] = node_ip_address()
+            os.environ["MASTER_PORT"] = str(find_free_port(os.environ["MASTER_ADDR"]))
+        self._dispatch_info: dict[str, tuple[int, bool]] = {}
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    def get_master_addr_port(self) -> tuple[str, str]:
+        return os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+
+    def get_node_and_pid(self) -> tuple[str, int]:
+        """(Ray node id or hostname, process id): lets tests and logs see where each rank runs."""
+        try:
+            import ray
+
+            node = ray.get_runtime_context().get_node_id()
+        except Exception:  # pragma: no cover
+            node = socket.gethostname()
+        return node, os.getpid()
+
+    # ---- mesh-aware dispatch ---------------------------------------------------------------------------
+
+    def register_dispatch_info(self, mesh_name: str, dp_rank: int, is_collect: bool) -> None:
+        """Declare this rank's data-parallel rank on ``mesh_name`` and whether its output is gathered."""
+        self._dispatch_info[mesh_name] = (int(dp_rank), bool(is_collect))
+
+    def get_dispatch_info(self, mesh_name: str) -> tuple[int, bool]:
+        if mesh_name not in self._dispatch_info:
+            raise KeyError(f"rank {self._rank} registered no dispatch info for mesh {mesh_name!r}")
+        return self._dispatch_info[mesh_name]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.ALL)
+    def execute_fn(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        """Run ``fn(self, *args, **kwargs)`` on every rank (for tests and one-off inspection)."""
+        return fn(self, *args, **kwargs)

@@ -1,0 +1,228 @@
+"""Worker groups: one Ray actor per bundle, and the group-level methods ``@register`` describes."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from rlflow.protocol import DataProtoFuture
+from rlflow.single_controller.decorator import (
+    Dispatch,
+    Execute,
+    MeshDispatch,
+    MeshInfo,
+    MethodSpec,
+    collect_dp_proto,
+    dispatch_for,
+    future_from_refs,
+    is_data_parallel,
+    registered_methods,
+)
+from rlflow.single_controller.resource_pool import RayResourcePool
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerGroupError(RuntimeError):
+    """A rank of a worker group died, or its call failed, or did not finish in time."""
+
+
+@dataclass
+class RayClassWithInitArgs:
+    """A worker class and the arguments its actors are constructed with."""
+
+    cls: type
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)
+
+    def __init__(self, cls: type, *args: Any, **kwargs: Any) -> None:
+        self.cls, self.args, self.kwargs, self.options = cls, args, kwargs, {}
+
+    def update_options(self, options: dict) -> None:
+        """Extra ``.options(...)`` for every actor (e.g. ``max_concurrency``)."""
+        self.options.update(options)
+
+
+@dataclass
+class GroupFuture:
+    """Result of a non-blocking call whose results are not a ``DataProto``; ``get()`` waits for it."""
+
+    group: RayWorkerGroup
+    refs: list[Any]
+    ranks: list[int]
+    collect: Callable[[list[Any]], Any]
+
+    def get(self) -> Any:
+        return self.collect(self.group.wait(self.refs, self.ranks))
+
+
+class RayWorkerGroup:
+    """``world_size`` actors of one role, placed on the bundles of ``resource_pool``.
+
+    Args:
+        resource_pool: where the actors go (colocated roles share one pool).
+        ray_cls_with_init: the worker class (a :class:`~rlflow.single_controller.worker.Worker`
+            subclass) and its constructor arguments.
+        name_prefix: names the group in errors and logs.
+        call_timeout_s: optional bound on every blocking call (``None``: no bound beyond dead-worker
+            detection, which is always on).
+        env_vars: extra environment variables for every actor.
+    """
+
+    def __init__(
+        self,
+        resource_pool: RayResourcePool,
+        ray_cls_with_init: RayClassWithInitArgs,
+        name_prefix: str = "worker",
+        call_timeout_s: float | None = None,
+        env_vars: dict[str, str] | None = None,
+    ) -> None:
+        self.resource_pool = resource_pool
+        self.name = name_prefix
+        self.call_timeout_s = call_timeout_s
+        self._cls = ray_cls_with_init
+        self._workers: list[Any] = []
+        self._mesh_info: dict[str, MeshInfo] = {}
+        self._create_workers(env_vars or {})
+        self._bind_methods()
+
+    # ---- creation --------------------------------------------------------------------------------------
+
+    def _create_workers(self, env_vars: dict[str, str]) -> None:
+        slots = self.resource_pool.bundle_slots()
+        world = len(slots)
+        remote_cls = ray.remote(self._cls.cls)
+        master: dict[str, str] = {}
+        for rank, (pg, bundle, local_rank) in enumerate(slots):
+            env = {**env_vars, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local_rank)}
+            env["RLFLOW_WORKER_GROUP"] = self.name
+            env.update(master)
+            options = {
+                **self.resource_pool.actor_resources(),
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    pg, placement_group_bundle_index=bundle
+                ),
+                "runtime_env": {"env_vars": env},
+                **self._cls.options,
+            }
+            actor = remote_cls.options(**options).remote(*self._cls.args, **self._cls.kwargs)
+            self._workers.append(actor)
+            if rank == 0:
+                addr, port = self.wait([actor.get_master_addr_port.remote()], [0])[0]
+                master = {"MASTER_ADDR": addr, "MASTER_PORT": str(port)}
+
+    def _bind_methods(self) -> None:
+        for name, spec in registered_methods(self._cls.cls).items():
+            if hasattr(type(self), name):
+                raise ValueError(f"worker method {name!r} clashes with a RayWorkerGroup attribute")
+            setattr(self, name, self._make_group_method(name, spec))
+
+    def _make_group_method(self, name: str, spec: MethodSpec) -> Callable:
+        def group_method(*args: Any, **kwargs: Any) -> Any:
+            return self._call(name, spec, args, kwargs)
+
+        group_method.__name__ = name
+        return group_method
+
+    # ---- calls ----------------------------------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        return len(self._workers)
+
+    @property
+    def workers(self) -> list[Any]:
+        return list(self._workers)
+
+    def dispatch_info(self, mesh_name: str) -> MeshInfo:
+        """The DP rank and collect flag every rank registered for ``mesh_name`` (fetched once)."""
+        if mesh_name not in self._mesh_info:
+            refs = [w.get_dispatch_info.remote(mesh_name) for w in self._workers]
+            infos = self.wait(refs, list(range(self.world_size)))
+            self._mesh_info[mesh_name] = MeshInfo([d for d, _ in infos], [c for _, c in infos])
+        return self._mesh_info[mesh_name]
+
+    def _call(self, name: str, spec: MethodSpec, args: tuple, kwargs: dict) -> Any:
+        dispatched = dispatch_for(spec)(self, *args, **kwargs)
+        rank_zero = spec.execute_mode == Execute.RANK_ZERO or spec.dispatch_mode == Dispatch.RANK_ZERO
+        ranks = [0] if rank_zero else list(range(self.world_size))
+        refs = [
+            getattr(self._workers[r], name).remote(*dispatched.args[r], **dispatched.kwargs[r]) for r in ranks
+        ]
+        if is_data_parallel(spec):
+            gather = self._gather_ranks(spec)
+            refs_g = [refs[r] for r in gather]
+            if not spec.blocking:
+                return future_from_refs(refs_g, dispatched.chunk_sizes, dispatched.pad_size)
+            return collect_dp_proto(self.wait(refs_g, gather), dispatched.pad_size)
+        collect = (lambda outs: outs[0]) if rank_zero else (lambda outs: outs)
+        if not spec.blocking:
+            return GroupFuture(self, refs, ranks, collect)
+        return collect(self.wait(refs, ranks))
+
+    def _gather_ranks(self, spec: MethodSpec) -> list[int]:
+        if isinstance(spec.dispatch_mode, MeshDispatch):
+            return self.dispatch_info(spec.dispatch_mode.mesh_name).collect_order()
+        return list(range(self.world_size))
+
+    def execute_all(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call ``method_name`` with the same arguments on every rank and wait for all results."""
+        refs = [getattr(w, method_name).remote(*args, **kwargs) for w in self._workers]
+        return self.wait(refs, list(range(self.world_size)))
+
+    def execute_rank_zero(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
+        return self.wait([getattr(self._workers[0], method_name).remote(*args, **kwargs)], [0])[0]
+
+    def wait(self, refs: list[Any], ranks: list[int]) -> list[Any]:
+        """Results of ``refs`` (one per rank in ``ranks``), failing fast when any rank dies or raises.
+
+        Results are taken as they finish, so a dead rank is reported even while its peers are still
+        blocked (for example in a collective that will never complete).
+        """
+        results: list[Any] = [None] * len(refs)
+        position = {ref: i for i, ref in enumerate(refs)}
+        pending = list(refs)
+        deadline = None if self.call_timeout_s is None else time.monotonic() + self.call_timeout_s
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+            for ref in ready:
+                i = position[ref]
+                results[i] = self._get_one(ref, ranks[i])
+            if deadline is not None and pending and time.monotonic() > deadline:
+                late = sorted(ranks[position[r]] for r in pending)
+                raise WorkerGroupError(
+                    f"worker group {self.name!r}: ranks {late} did not finish within call_timeout_s={self.call_timeout_s:g}"
+                )
+        return results
+
+    def _get_one(self, ref: Any, rank: int) -> Any:
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            raise WorkerGroupError(
+                f"worker group {self.name!r}: rank {rank} died ({type(e).__name__}): {e}"
+            ) from e
+        except ray.exceptions.RayTaskError as e:
+            cause = e.as_instanceof_cause()
+            if hasattr(cause, "add_note"):
+                cause.add_note(f"(raised in worker group {self.name!r}, rank {rank})")
+            raise cause from None
+
+    def shutdown(self) -> None:
+        """Kill this group's actors (the resource pool stays, other roles may still use it)."""
+        for w in self._workers:
+            try:
+                ray.kill(w, no_restart=True)
+            except Exception as e:  # pragma: no cover - best effort at shutdown
+                logger.warning("could not kill an actor of %s: %s", self.name, e)
+        self._workers = []
+
+
+__all__ = ["DataProtoFuture", "GroupFuture", "RayClassWithInitArgs", "RayWorkerGroup", "WorkerGroupError"]

@@ -1,0 +1,319 @@
+"""Worker groups on a real local Ray cluster: dispatch modes, futures, colocation, failures."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import ray
+import torch
+
+from rlflow.protocol import DataProto, DataProtoFuture, FutureSlice
+from rlflow.single_controller import (
+    Dispatch,
+    Execute,
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    ResourceUnavailableError,
+    Worker,
+    WorkerGroupError,
+    make_nd_compute_dataproto_dispatch_fn,
+    register,
+)
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+class EchoWorker(Worker):
+    """Each method tags what it received with its rank, so the tests can see where samples went."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        super().__init__()
+        self.scale = scale
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rank_plus(self, x: int) -> int:
+        return self.rank * 100 + x
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    def square(self, x: int) -> int:
+        return x * x + self.rank
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def who(self) -> int:
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    def only_zero(self, x: int) -> tuple[int, int]:
+        return self.rank, x
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def dp_plain(self, x: int) -> int:
+        return x + 10 * self.rank
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def double(self, data: DataProto) -> DataProto:
+        out = DataProto.from_dict(
+            tensors={"y": data.batch["x"] * 2 * self.scale, "rank": torch.full((len(data),), self.rank)},
+            non_tensors={"tag": data.non_tensor_batch["tag"]},
+            meta_info={"metrics": {"n": len(data)}},
+        )
+        return out
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def double_async(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict(tensors={"y": data.batch["x"] * 2})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def plus_values(self, data: DataProto, values: DataProto) -> DataProto:
+        """Consumer of a future: values arrive materialised, routed by sample index."""
+        return DataProto.from_dict(
+            tensors={"z": data.batch["x"] + values.batch["y"], "rank": torch.full((len(data),), self.rank)}
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO_WITH_FUNC)
+    def apply(self, fn, data: DataProto) -> DataProto:
+        return DataProto.from_dict(tensors={"y": fn(data.batch["x"])})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def placement(self) -> tuple[int, str | None, tuple[str, int]]:
+        ctx = ray.get_runtime_context()
+        return self.rank, ctx.get_placement_group_id(), self.get_node_and_pid()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def die_on_rank(self, rank: int, block_s: float) -> int:
+        if self.rank == rank:
+            os._exit(1)
+        time.sleep(block_s)  # a peer stuck, e.g. in a collective the dead rank never joins
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def raise_on_rank(self, rank: int) -> int:
+        if self.rank == rank:
+            raise ValueError(f"bad input on rank {rank}")
+        return self.rank
+
+
+class MeshWorker(EchoWorker):
+    """Ranks form a (dp=2, sp=2) mesh: ranks 0,1 are sequence-parallel peers of dp rank 0, etc."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_dispatch_info("actor", dp_rank=self.rank // 2, is_collect=self.rank % 2 == 0)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
+    def mesh_compute(self, data: DataProto) -> DataProto:
+        self.last_x = data.batch["x"].tolist()
+        return DataProto.from_dict(
+            tensors={"y": data.batch["x"] + 0, "rank": torch.full((len(data),), self.rank)}
+        )
+
+
+def _data(n: int) -> DataProto:
+    return DataProto.from_dict(
+        tensors={"x": torch.arange(n, dtype=torch.float32)},
+        non_tensors={"tag": np.array([f"s{i}" for i in range(n)], dtype=object)},
+    )
+
+
+@pytest.fixture
+def pool2():
+    pool = RayResourcePool([2], cpus_per_bundle=1.0, name_prefix="test2", max_colocate_count=2)
+    yield pool
+    pool.remove()
+
+
+@pytest.fixture
+def group2(pool2):
+    wg = RayWorkerGroup(pool2, RayClassWithInitArgs(EchoWorker, scale=1.0), name_prefix="echo")
+    yield wg
+    wg.shutdown()
+
+
+def test_simple_dispatch_modes(group2):
+    assert group2.world_size == 2
+    assert group2.rank_plus(7) == [7, 107]
+    assert group2.square([3, 4]) == [9, 17]
+    assert group2.who() == 0
+    assert group2.only_zero(5) == (0, 5)
+    assert group2.dp_plain([1, 2]) == [1, 12]
+    with pytest.raises(ValueError, match="one entry per rank"):
+        group2.square([1, 2, 3])
+
+
+def test_dp_compute_proto_even_and_uneven(group2):
+    out = group2.double(_data(4))
+    assert out.batch["y"].tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert out.batch["rank"].tolist() == [0, 0, 1, 1]
+    assert out.non_tensor_batch["tag"].tolist() == ["s0", "s1", "s2", "s3"]
+    assert out.meta_info["metrics"] == {"n": [2, 2]}  # merged from both ranks
+
+    # 5 samples on 2 ranks: padded to 6 for dispatch (rank 1 also gets sample 0 again), stripped after.
+    out = group2.double(_data(5))
+    assert len(out) == 5
+    assert out.batch["y"].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]
+    assert out.batch["rank"].tolist() == [0, 0, 0, 1, 1]
+    assert out.meta_info["metrics"] == {"n": [3, 3]}
+
+
+def test_dp_compute_proto_with_func(group2):
+    out = group2.apply(torch.square, _data(3))
+    assert out.batch["y"].tolist() == [0.0, 1.0, 4.0]
+
+
+def test_mesh_dispatch_sp_peers_share_and_only_collect_ranks_gathered():
+    pool = RayResourcePool([4], cpus_per_bundle=0.5, name_prefix="mesh")
+    wg = RayWorkerGroup(pool, RayClassWithInitArgs(MeshWorker), name_prefix="mesh")
+    try:
+        out = wg.mesh_compute(_data(6))
+        assert out.batch["y"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+        # dp rank 0 -> worker 0 (collect), dp rank 1 -> worker 2 (collect); workers 1 and 3 not gathered.
+        assert out.batch["rank"].tolist() == [0, 0, 0, 2, 2, 2]
+        # The sequence-parallel peers received exactly the same samples as their collect ranks.
+        assert wg.execute_fn(lambda w: w.last_x) == [[0, 1, 2], [0, 1, 2], [3, 4, 5], [3, 4, 5]]
+        # Uneven: 5 samples over dp=2 are padded to 6 and stripped again.
+        out = wg.mesh_compute(_data(5))
+        assert out.batch["y"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    finally:
+        wg.shutdown()
+        pool.remove()
+
+
+def test_future_routed_by_sample_index_without_driver_fetch(monkeypatch):
+    """A 2-rank producer's future feeds a 3-rank consumer; the driver only moves object refs."""
+    producer_pool = RayResourcePool([2], cpus_per_bundle=0.5, name_prefix="producer")
+    consumer_pool = RayResourcePool([3], cpus_per_bundle=0.5, name_prefix="consumer")
+    producer = RayWorkerGroup(producer_pool, RayClassWithInitArgs(EchoWorker), name_prefix="producer")
+    consumer = RayWorkerGroup(consumer_pool, RayClassWithInitArgs(EchoWorker), name_prefix="consumer")
+    try:
+        data = _data(7)
+        future = producer.double_async(data)
+        assert isinstance(future, DataProtoFuture)
+        assert len(future) == 7 and future.shard_sizes == [4, 4]  # 7 padded to 8 on 2 ranks
+        producer_refs = set(future.refs)
+
+        fetched: list = []
+        real_get = ray.get
+
+        def counting_get(refs, *args, **kwargs):
+            items = refs if isinstance(refs, list) else [refs]
+            fetched.extend(r for r in items if r in producer_refs)
+            return real_get(refs, *args, **kwargs)
+
+        def no_resolve(self):
+            raise AssertionError("the driver resolved a future slice")
+
+        monkeypatch.setattr(ray, "get", counting_get)
+        monkeypatch.setattr(FutureSlice, "resolve", no_resolve)
+        out = consumer.plus_values(data, values=future)
+        monkeypatch.undo()
+
+        assert fetched == []
+        # z = x + 2x; 7 samples padded to 9 on 3 consumer ranks (3 each), padding stripped.
+        assert out.batch["z"].tolist() == [3.0 * i for i in range(7)]
+        assert out.batch["rank"].tolist() == [0, 0, 0, 1, 1, 1, 2]
+        # The future can also be fetched explicitly, and chunked by sample index.
+        assert future.get().batch["y"].tolist() == [2.0 * i for i in range(7)]
+    finally:
+        for g in (producer, consumer):
+            g.shutdown()
+        producer_pool.remove()
+        consumer_pool.remove()
+
+
+def test_colocated_groups_share_placement_group_in_separate_processes(pool2):
+    actor = RayWorkerGroup(pool2, RayClassWithInitArgs(EchoWorker), name_prefix="actor")
+    critic = RayWorkerGroup(pool2, RayClassWithInitArgs(EchoWorker), name_prefix="critic")
+    try:
+        a, c = actor.placement(), critic.placement()
+        pg_ids = {pg for _, pg, _ in a + c}
+        assert pg_ids == {pool2.get_placement_groups()[0].id.hex()}
+        pids = [pid for _, _, (_, pid) in a + c]
+        assert len(set(pids)) == 4  # every rank of every role is its own process
+        assert pool2.actor_resources() == {"num_cpus": 0.5}
+        # Both groups work side by side on the same bundles.
+        assert critic.double(_data(2)).batch["y"].tolist() == [0.0, 2.0]
+        assert actor.double(_data(2)).batch["y"].tolist() == [0.0, 2.0]
+    finally:
+        actor.shutdown()
+        critic.shutdown()
+
+
+def test_over_asked_resources_error_is_fast_and_names_resource():
+    start = time.monotonic()
+    pool = RayResourcePool([64], cpus_per_bundle=1.0, name_prefix="huge")
+    with pytest.raises(ResourceUnavailableError, match=r"huge.*64 CPU.*short of CPU: largest node has 4"):
+        RayWorkerGroup(pool, RayClassWithInitArgs(EchoWorker), name_prefix="huge")
+    assert time.monotonic() - start < 10
+
+
+def test_placement_timeout_when_resources_are_taken(pool2):
+    pool2.get_placement_groups()  # holds 2 of the 4 CPUs
+    other = RayResourcePool([3], cpus_per_bundle=1.0, name_prefix="late", placement_timeout_s=2.0)
+    start = time.monotonic()
+    with pytest.raises(ResourceUnavailableError, match=r"late.*not placed within 2 s"):
+        other.get_placement_groups()
+    assert time.monotonic() - start < 2.0 + 10
+
+
+def test_dead_worker_raises_naming_group_and_rank_in_bounded_time(group2):
+    start = time.monotonic()
+    with pytest.raises(WorkerGroupError, match=r"worker group 'echo': rank 1 died"):
+        group2.die_on_rank(1, 120.0)
+    assert time.monotonic() - start < 30
+
+
+def test_worker_exception_names_group_and_rank(group2):
+    with pytest.raises(ValueError, match="bad input on rank 0") as info:
+        group2.raise_on_rank(0)
+    assert "worker group 'echo', rank 0" in "".join(getattr(info.value, "__notes__", []))
+
+
+def test_no_ray_processes_left_after_shutdown(tmp_path):
+    """A driver that starts Ray, runs a group and shuts down leaves no Ray process behind."""
+    script = textwrap.dedent(
+        """
+        import sys, ray
+        from rlflow.single_controller import init_ray, RayResourcePool, RayWorkerGroup, RayClassWithInitArgs, Worker
+        init_ray(num_cpus=1, object_store_memory=100 * 2**20)
+        print(ray._private.worker._global_node.get_session_dir_path())
+        pool = RayResourcePool([1], name_prefix="t")
+        wg = RayWorkerGroup(pool, RayClassWithInitArgs(Worker), name_prefix="t")
+        assert wg.execute_fn(lambda w: w.rank) == [0]
+        ray.shutdown()
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=180, cwd=str(tmp_path)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    session_dir = proc.stdout.strip().splitlines()[-1]
+    session = os.path.basename(session_dir.rstrip("/"))
+    deadline = time.monotonic() + 20
+    while True:
+        left = _processes_mentioning(session)
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert left == [], f"Ray processes left running: {left}"
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd:
+            found.append(f"{pid}: {cmd[:200]}")
+    return found
