@@ -1,0 +1,307 @@
+"""Packed-sequence attention for remove-padding and Ulysses sequence parallelism.
+
+Importing this module registers :data:`PACKED_ATTENTION` (``"rlflow_packed"``) in transformers'
+``AttentionInterface`` and ``AttentionMaskInterface``. Build the model with
+``attn_implementation="rlflow_packed"`` (or call :func:`set_packed_attention` before wrapping it with FSDP);
+the same model then serves three kinds of forward:
+
+* **Packed rows** (``attention_mask=None``, ``position_ids`` restarting at 0 per sequence, as produced by
+  ``rlflow.utils.padding.unpad_micro_batch``): the sequences are found from ``position_ids`` (a new
+  sequence wherever the position does not grow by exactly 1, the rule transformers and flash-attn use) and
+  attention stays inside each sequence. Exact with or without a cache.
+* **Ulysses SP** (an SP group set with ``rlflow.utils.ulysses.ulysses_group``): each rank holds a slice of
+  the packed row; q, k, v go through an all-to-all (gather sequence, scatter heads), every rank attends over
+  the full sequence for ``heads / sp`` heads, and the inverse all-to-all brings back its own slice.
+  DeepSpeed-Ulysses: Jacobs et al. 2023, arXiv:2309.14509.
+* **Padded batches** (a 2-D ``attention_mask`` with zeros) and cached decoding: the registered mask function
+  builds transformers' usual SDPA mask and the call is forwarded to transformers' ``sdpa`` attention.
+
+Kernels. transformers 5.20 already detects packing for ``"sdpa"`` when ``use_cache=False``, but that path
+materialises a dense ``(s, s)`` block-diagonal mask, i.e. ``O(total_tokens**2)`` work over the whole packed
+row, and cannot see the full row under Ulysses. Here the CPU/CUDA path runs one causal SDPA call per
+sequence (``O(sum len_i**2)``). On CUDA with fp16/bf16 and flash-attn installed (the optional ``gpu`` extra),
+``flash_attn_varlen_func`` with ``cu_seqlens`` is used instead. flex_attention has no CPU backward and
+``torch.nn.attention.varlen`` no CPU kernel (torch 2.13).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from rlflow.utils.ulysses import (
+    gather_heads_scatter_seq,
+    gather_outputs_and_unpad,
+    gather_seq_scatter_heads,
+    get_ulysses_sequence_parallel_group,
+    get_ulysses_sequence_parallel_world_size,
+)
+
+__all__ = [
+    "PACKED_ATTENTION",
+    "PACKED_ATTENTION_ALIASES",
+    "check_ulysses_heads",
+    "cu_seqlens_from_position_ids",
+    "packed_attention_forward",
+    "packed_sequence_lengths",
+    "register_packed_attention",
+    "set_packed_attention",
+]
+
+PACKED_ATTENTION = "rlflow_packed"
+# the same function under the name an earlier draft used (rlflow.models.loader accepts it)
+PACKED_ATTENTION_ALIASES = ("ulysses_sdpa",)
+_HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None
+
+
+def packed_sequence_lengths(position_ids: torch.Tensor) -> list[list[int]]:
+    """Lengths of the sequences packed in each row (a new one wherever the position step is not 1).
+
+    Args:
+        position_ids: (b, s) packed positions, ``0, 1, ...`` for each sequence.
+
+    Returns:
+        For each of the ``b`` rows, the lengths of its sequences in order (they sum to ``s``).
+    """
+    starts = torch.diff(position_ids, dim=-1, prepend=position_ids[..., :1] - 1) != 1
+    starts[..., 0] = True
+    s = position_ids.shape[-1]
+    lengths = []
+    for row in starts.cpu():
+        idx = [*torch.nonzero(row).flatten().tolist(), s]
+        lengths.append([b - a for a, b in itertools.pairwise(idx)])
+    return lengths
+
+
+def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Cumulative sequence lengths of one packed row, for varlen kernels.
+
+    Args:
+        position_ids: (1, s) packed positions.
+
+    Returns:
+        cu_seqlens: (n_seqs + 1,) int32 on the device of ``position_ids``, from 0 to ``s``.
+        max_seqlen: the longest sequence.
+    """
+    lengths = packed_sequence_lengths(position_ids[:1])[0]
+    cu = torch.tensor([0, *lengths], dtype=torch.int32, device=position_ids.device).cumsum(
+        0, dtype=torch.int32
+    )
+    return cu, max(lengths)
+
+
+def check_ulysses_heads(num_attention_heads: int, num_key_value_heads: int, sp_size: int) -> None:
+    """Raise ValueError unless the heads can be split over ``sp_size`` Ulysses ranks.
+
+    Args:
+        num_attention_heads: query heads; must be divisible by ``sp_size``.
+        num_key_value_heads: key/value heads; must be divisible by ``sp_size`` or divide it (then each kv
+            head is repeated ``sp_size / num_key_value_heads`` times before the all-to-all).
+        sp_size: ``ulysses_sequence_parallel_size``.
+    """
+    if sp_size < 1:
+        raise ValueError(f"ulysses_sequence_parallel_size must be >= 1, got {sp_size}")
+    if num_attention_heads % sp_size != 0:
+        raise ValueError(
+            f"ulysses_sequence_parallel_size={sp_size} must divide num_attention_heads={num_attention_heads}"
+        )
+    if num_key_value_heads % sp_size != 0 and sp_size % num_key_value_heads != 0:
+        raise ValueError(
+            f"ulysses_sequence_parallel_size={sp_size} must divide num_key_value_heads={num_key_value_heads} "
+            f"or be a multiple of it"
+        )
+
+
+@dataclass
+class _PackedLayout:
+    """Sequence lengths of the full packed rows, shared by all layers of one forward."""
+
+    key: weakref.ref
+    group: Any
+    position_ids: torch.Tensor
+    lengths: list[list[int]]
+    cu_seqlens: dict[str, Any] = field(default_factory=dict)
+
+
+_LAYOUT: _PackedLayout | None = None
+
+
+def _packed_layout(position_ids: torch.Tensor, group: Any) -> _PackedLayout:
+    """Layout of the full rows (position_ids all-gathered over the SP group), computed once per forward.
+
+    Every decoder layer receives the same local ``position_ids`` tensor object (also when gradient
+    checkpointing recomputes a layer), so the layout is reused while that object is alive (weak reference).
+    """
+    global _LAYOUT
+    if _LAYOUT is None or _LAYOUT.key() is not position_ids or _LAYOUT.group is not group:
+        with torch.no_grad():
+            full = gather_outputs_and_unpad(position_ids, gather_dim=-1, group=group)
+        _LAYOUT = _PackedLayout(weakref.ref(position_ids), group, full, packed_sequence_lengths(full))
+    return _LAYOUT
+
+
+def _flash_varlen(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: _PackedLayout, **kw: Any
+) -> torch.Tensor:
+    """flash-attn varlen on one packed row: q (1, h, s, d), k/v (1, h_kv, s, d) -> (1, h, s, d)."""
+    from flash_attn import flash_attn_varlen_func
+
+    if "cu" not in layout.cu_seqlens:
+        layout.cu_seqlens["cu"] = cu_seqlens_from_position_ids(layout.position_ids)
+    cu, max_len = layout.cu_seqlens["cu"]
+    q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))
+    out = flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, **kw)
+    return out.transpose(0, 1)[None]
+
+
+def _per_sequence_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: _PackedLayout,
+    dropout: float,
+    scaling: Any,
+    causal: bool,
+) -> torch.Tensor:
+    """One SDPA call per packed sequence: q (b, h, s, d), k/v (b, h_kv, s, d) -> (b, h, s, d)."""
+    if k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    rows = []
+    for b, lengths in enumerate(layout.lengths):
+        parts = zip(*(t[b : b + 1].split(lengths, dim=2) for t in (q, k, v)))
+        outs = [
+            F.scaled_dot_product_attention(qi, ki, vi, dropout_p=dropout, is_causal=causal, scale=scaling)
+            for qi, ki, vi in parts
+        ]
+        rows.append(torch.cat(outs, dim=2))
+    return torch.cat(rows, dim=0)
+
+
+def _packed_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: _PackedLayout,
+    dropout: float,
+    scaling: Any,
+    causal: bool,
+) -> torch.Tensor:
+    """Attention inside each full packed sequence: q (b, h, s, d), k/v (b, h_kv, s, d) -> (b, h, s, d)."""
+    if _HAS_FLASH_ATTN and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[0] == 1:
+        return _flash_varlen(q, k, v, layout, dropout_p=dropout, softmax_scale=scaling, causal=causal)
+    return _per_sequence_sdpa(q, k, v, layout, dropout, scaling, causal)
+
+
+def packed_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    sliding_window: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention function for packed rows, sequence-parallel over the Ulysses group.
+
+    Args:
+        module: the attention module (its ``is_causal`` is the default for ``is_causal``).
+        query: (b, heads, s_local, d).
+        key: (b, kv_heads, s_kv, d).
+        value: (b, kv_heads, s_kv, d).
+        attention_mask: None for packed rows; a 4-D mask (padded batch or cached decoding) sends the call
+            to transformers' SDPA attention (only without SP).
+        dropout: attention dropout probability.
+        scaling: softmax scale (default ``d ** -0.5``).
+        is_causal: causal attention inside each sequence.
+        sliding_window: must be None on the packed path (not supported).
+        **kwargs: must hold ``position_ids`` (b, s_local), this rank's slice of the packed positions.
+
+    Returns:
+        (b, s_local, heads, d) attention output and None (no attention weights).
+    """
+    group = get_ulysses_sequence_parallel_group()
+    sp_size = get_ulysses_sequence_parallel_world_size(group)
+    if attention_mask is not None or key.shape[2] != query.shape[2]:
+        if sp_size > 1:
+            raise ValueError(
+                f"{PACKED_ATTENTION}: ulysses_sequence_parallel_size={sp_size} needs packed inputs "
+                f"(use_remove_padding=True, attention_mask=None, no cache)"
+            )
+        return sdpa_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=is_causal,
+            **kwargs,
+        )
+    position_ids = kwargs.get("position_ids")
+    if position_ids is None:
+        raise ValueError(f"{PACKED_ATTENTION} needs position_ids to find the packed sequences")
+    if sliding_window is not None:
+        raise ValueError(f"{PACKED_ATTENTION} does not support sliding_window={sliding_window}")
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if sp_size > 1:
+        check_ulysses_heads(query.shape[1], key.shape[1], sp_size)
+        if key.shape[1] < sp_size:
+            key = key.repeat_interleave(sp_size // key.shape[1], dim=1)
+            value = value.repeat_interleave(sp_size // value.shape[1], dim=1)
+        query, key, value = (
+            gather_seq_scatter_heads(t, seq_dim=2, head_dim=1, group=group) for t in (query, key, value)
+        )
+    layout = _packed_layout(position_ids, group)
+    out = _packed_attention(query, key, value, layout, dropout, scaling, causal)
+    out = gather_heads_scatter_seq(out, head_dim=1, seq_dim=2, group=group)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _packed_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+    """Mask interface: no mask for packed full-sequence forwards, transformers' SDPA mask otherwise."""
+    if kwargs.get("attention_mask") is None and kwargs.get("q_length") == kwargs.get("kv_length"):
+        return None
+    return sdpa_mask(*args, **kwargs)
+
+
+def register_packed_attention() -> str:
+    """Register the packed attention and its mask function as ``"rlflow_packed"`` and aliases (idempotent).
+
+    Returns:
+        The registered name, :data:`PACKED_ATTENTION`.
+    """
+    for name in (PACKED_ATTENTION, *PACKED_ATTENTION_ALIASES):
+        AttentionInterface.register(name, packed_attention_forward)
+        AttentionMaskInterface.register(name, _packed_mask)
+    return PACKED_ATTENTION
+
+
+def set_packed_attention(model: torch.nn.Module) -> torch.nn.Module:
+    """Switch a Hugging Face model to ``"rlflow_packed"`` attention (call before FSDP wrapping).
+
+    Args:
+        model: a ``PreTrainedModel``.
+
+    Returns:
+        The same model.
+    """
+    register_packed_attention()
+    model.set_attn_implementation(PACKED_ATTENTION)
+    return model
+
+
+register_packed_attention()

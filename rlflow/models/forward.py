@@ -1,0 +1,252 @@
+"""One forward for the actor, the critic and the reward model: padded, remove-padding or Ulysses SP.
+
+:func:`forward_micro_batch` runs a Hugging Face model on a padded micro-batch (prompts left-padded,
+responses right-padded) and returns per-sample outputs aligned with the response tokens:
+
+* ``output="log_probs"`` (causal LM, actor / reference): ``log_probs: (bs, response_len)`` with
+  ``log_probs[i, k] = log softmax(logits[i, t - 1] / temperature)[responses[i, k]]`` where ``t`` is the
+  position of response token ``k`` (the logits at position ``t - 1`` predict token ``t``); optionally
+  ``entropy: (bs, response_len)`` of the same temperature-scaled distributions.
+* ``output="values"`` (token-classification value model with one label, critic): ``values: (bs,
+  response_len)``, verl's convention ``values[:, -response_len - 1 : -1]``: the value of the state before
+  response token ``k`` is generated.
+* ``output="scores"`` (token-classification reward model with one label): ``scores: (bs,)``, the model's
+  output at the last valid token of each sequence.
+
+Entries at padded response positions (``response_mask == 0``) are meaningless; callers mask them.
+
+With ``use_remove_padding=True`` the micro-batch is packed into one row (``rlflow.utils.padding``) and the
+outputs are scattered back to the padded layout; with an SP group of size > 1 the packed row is also padded
+and sliced across the group (``rlflow.utils.ulysses``), attention runs as Ulysses attention
+(``rlflow.models.attention``, the model must use ``attn_implementation="rlflow_packed"``), and the per-token
+outputs are all-gathered so every SP rank returns the full micro-batch. The loss computed from them is the
+full-sequence loss on every SP rank; the gather's backward makes FSDP's gradient mean over ``dp * sp`` ranks
+equal the gradient without SP (see ``rlflow.utils.ulysses``). ``use_cache=False`` is always passed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from rlflow.models.attention import PACKED_ATTENTION, PACKED_ATTENTION_ALIASES  # registers "rlflow_packed"
+from rlflow.utils.padding import gather_response_outputs, pad_input, unpad_micro_batch
+from rlflow.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from rlflow.utils.ulysses import (
+    gather_outputs_and_unpad,
+    get_ulysses_sequence_parallel_rank,
+    get_ulysses_sequence_parallel_world_size,
+    ulysses_group,
+    ulysses_pad_and_slice_inputs,
+)
+
+__all__ = [
+    "OUTPUT_KINDS",
+    "PACKED_ATTN_IMPLEMENTATIONS",
+    "MicroBatch",
+    "forward_micro_batch",
+    "last_valid_index",
+]
+
+MicroBatch = Mapping[str, torch.Tensor] | TensorDictBase
+
+OUTPUT_KINDS = ("log_probs", "values", "scores")
+# attention implementations that keep packed sequences apart with use_cache=False and attention_mask=None
+PACKED_ATTN_IMPLEMENTATIONS = (
+    PACKED_ATTENTION,
+    *PACKED_ATTENTION_ALIASES,
+    "sdpa",
+    "eager",
+    "flash_attention_2",
+    "flash_attention_3",
+)
+_ULYSSES_ATTN_IMPLEMENTATIONS = (PACKED_ATTENTION, *PACKED_ATTENTION_ALIASES)
+
+
+def last_valid_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Column of the last 1 in each row of the mask.
+
+    Args:
+        attention_mask: (bs, seqlen) 0/1 mask with at least one 1 per row.
+
+    Returns:
+        (bs,) long indices.
+    """
+    seqlen = attention_mask.shape[-1]
+    return seqlen - 1 - attention_mask.flip(-1).long().argmax(dim=-1)
+
+
+def _token_head(outputs: Any, output: str) -> torch.Tensor:
+    """Per-token model output: logits (..., s, vocab) for log-probs, (..., s) values / scores."""
+    logits = outputs.logits if hasattr(outputs, "logits") else outputs
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"the model returned {type(outputs).__name__}, with no tensor `logits`")
+    if output == "log_probs":
+        return logits
+    if logits.dim() == 3:
+        if logits.shape[-1] != 1:
+            raise ValueError(
+                f"output={output!r} needs a token-classification model with num_labels=1, got logits of shape "
+                f"{tuple(logits.shape)}"
+            )
+        logits = logits.squeeze(-1)
+    if logits.dim() != 2:
+        raise ValueError(
+            f"output={output!r} needs per-token outputs (bs, seqlen[, 1]), got {tuple(logits.shape)}"
+        )
+    return logits
+
+
+def _check_inputs(micro_batch: MicroBatch, output: str, temperature: float) -> None:
+    if output not in OUTPUT_KINDS:
+        raise ValueError(f"output must be one of {OUTPUT_KINDS}, got {output!r}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    keys = ("input_ids", "attention_mask", "position_ids") + (("responses",) if output != "scores" else ())
+    missing = [k for k in keys if k not in micro_batch.keys()]
+    if missing:
+        raise ValueError(f"micro_batch is missing {missing} (needs {list(keys)})")
+    shape = tuple(micro_batch["input_ids"].shape)
+    for key in ("attention_mask", "position_ids"):
+        if tuple(micro_batch[key].shape) != shape:
+            raise ValueError(
+                f"micro_batch[{key!r}] has shape {tuple(micro_batch[key].shape)}, expected {shape}"
+            )
+    if output != "scores":
+        responses = micro_batch["responses"]
+        if responses.dim() != 2 or responses.shape[0] != shape[0] or not 0 < responses.shape[1] < shape[1]:
+            raise ValueError(
+                f"micro_batch['responses'] must be (bs, response_len < {shape[1]}), got {tuple(responses.shape)}"
+            )
+
+
+def _check_attn_implementation(module: torch.nn.Module, sp_size: int) -> None:
+    impl = getattr(getattr(module, "config", None), "_attn_implementation", None)
+    if impl is None:
+        return
+    if sp_size > 1 and impl not in _ULYSSES_ATTN_IMPLEMENTATIONS:
+        raise ValueError(
+            f"ulysses_sequence_parallel_size={sp_size} needs attn_implementation={PACKED_ATTENTION!r}, "
+            f"the model uses {impl!r}"
+        )
+    if impl not in PACKED_ATTN_IMPLEMENTATIONS:
+        raise ValueError(
+            f"use_remove_padding=True needs one of {PACKED_ATTN_IMPLEMENTATIONS} attention, the model uses {impl!r}"
+        )
+
+
+def _padded_forward(
+    module: torch.nn.Module,
+    mb: MicroBatch,
+    output: str,
+    temperature: float,
+    calculate_entropy: bool,
+) -> dict[str, torch.Tensor]:
+    """Forward on the padded (bs, seqlen) batch with its 2-D attention mask."""
+    outputs = module(
+        input_ids=mb["input_ids"],
+        attention_mask=mb["attention_mask"],
+        position_ids=mb["position_ids"],
+        use_cache=False,
+    )
+    head = _token_head(outputs, output)
+    if output == "scores":
+        rows = torch.arange(head.shape[0], device=head.device)
+        return {"scores": head[rows, last_valid_index(mb["attention_mask"])].float()}
+    response_len = mb["responses"].shape[1]
+    head = head[:, -response_len - 1 : -1]
+    if output == "values":
+        return {"values": head.float()}
+    logits = head / temperature
+    result = {"log_probs": logprobs_from_logits(logits, mb["responses"])}
+    if calculate_entropy:
+        result["entropy"] = entropy_from_logits(logits)
+    return result
+
+
+def _packed_token_outputs(
+    module: torch.nn.Module,
+    mb: MicroBatch,
+    output: str,
+    temperature: float,
+    calculate_entropy: bool,
+    sp_group: Any,
+) -> tuple[dict[str, torch.Tensor], Any]:
+    """Per-token outputs ``(total_tokens,)`` of the packed (and SP-sliced, then gathered) forward."""
+    packed = unpad_micro_batch(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
+    sp_size = get_ulysses_sequence_parallel_world_size(sp_group)
+    ids, pos, labels, pad = packed.input_ids, packed.position_ids, packed.labels, 0
+    if sp_size > 1:
+        sp_rank = get_ulysses_sequence_parallel_rank(sp_group)
+        ids, pos, pad = ulysses_pad_and_slice_inputs(ids, pos, sp_size, sp_rank)
+        labels, _, _ = ulysses_pad_and_slice_inputs(labels, None, sp_size, sp_rank)
+    with ulysses_group(sp_group if sp_size > 1 else None):
+        head = _token_head(
+            module(input_ids=ids, attention_mask=None, position_ids=pos, use_cache=False), output
+        )[0]
+    if output == "log_probs":
+        logits = head / temperature
+        local = {"log_probs": logprobs_from_logits(logits, labels[0])}
+        if calculate_entropy:
+            local["entropy"] = entropy_from_logits(logits)
+    else:
+        local = {output: head.float()}
+    gathered = {
+        k: gather_outputs_and_unpad(v, gather_dim=0, unpad_dim=0, padding_size=pad, group=sp_group)
+        for k, v in local.items()
+    }
+    return gathered, packed
+
+
+def forward_micro_batch(
+    module: torch.nn.Module,
+    micro_batch: MicroBatch,
+    *,
+    output: str,
+    use_remove_padding: bool = False,
+    sp_group: Any = None,
+    temperature: float = 1.0,
+    calculate_entropy: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Run ``module`` on one padded micro-batch and return response-aligned outputs.
+
+    Args:
+        module: a Hugging Face model (possibly FSDP-wrapped): a causal LM for ``"log_probs"``, a
+            token-classification model with ``num_labels=1`` for ``"values"`` and ``"scores"``.
+        micro_batch: dict or TensorDict with ``input_ids``, ``attention_mask``, ``position_ids``: (bs, seqlen)
+            and ``responses``: (bs, response_len) (not needed for ``"scores"``). ``position_ids`` must be
+            ``0, 1, 2, ...`` on the valid tokens of each row when ``use_remove_padding``.
+        output: ``"log_probs"``, ``"values"`` or ``"scores"``.
+        use_remove_padding: pack the valid tokens into one row (needs an attention implementation from
+            :data:`PACKED_ATTN_IMPLEMENTATIONS`).
+        sp_group: Ulysses SP process group (size > 1 needs ``use_remove_padding`` and ``"rlflow_packed"``);
+            every rank of the group must pass the same micro-batch.
+        temperature: the logits are divided by it before log-probs and entropy (``"log_probs"`` only).
+        calculate_entropy: also return ``entropy`` (``"log_probs"`` only).
+
+    Returns:
+        ``{"log_probs": (bs, response_len)[, "entropy": (bs, response_len)]}``, ``{"values": (bs,
+        response_len)}`` or ``{"scores": (bs,)}``; float32 or wider, differentiable.
+    """
+    _check_inputs(micro_batch, output, temperature)
+    sp_size = get_ulysses_sequence_parallel_world_size(sp_group)
+    if sp_size > 1 and not use_remove_padding:
+        raise ValueError(f"ulysses_sequence_parallel_size={sp_size} > 1 needs use_remove_padding=True")
+    if not use_remove_padding:
+        return _padded_forward(module, micro_batch, output, temperature, calculate_entropy)
+    _check_attn_implementation(module, sp_size)
+    tokens, packed = _packed_token_outputs(
+        module, micro_batch, output, temperature, calculate_entropy, sp_group
+    )
+    bs, seqlen = packed.batch_size, packed.seqlen
+    if output == "scores":
+        padded = pad_input(tokens["scores"], packed.indices, bs, seqlen)
+        rows = torch.arange(bs, device=padded.device)
+        return {"scores": padded[rows, last_valid_index(micro_batch["attention_mask"])]}
+    response_len = micro_batch["responses"].shape[1]
+    return {
+        k: gather_response_outputs(v, packed.indices, bs, seqlen, response_len) for k, v in tokens.items()
+    }

@@ -1,0 +1,208 @@
+"""Remove padding: pack the valid tokens of a padded batch into one row, and scatter outputs back.
+
+A padded micro-batch ``input_ids: (bs, seqlen)`` with ``attention_mask: (bs, seqlen)`` (prompts left-padded,
+responses right-padded, so the mask may hold zeros on both sides of each row) becomes one packed row
+``(1, total_tokens)`` holding only valid tokens, in row-major order. Its ``position_ids`` are the original ones
+at the kept tokens, so every sequence restarts at 0 (the usual ``clamp(cumsum(attention_mask) - 1, 0)``
+positions) and left-padded prompts keep correct positions.
+
+Running a Hugging Face model on the packed row (``attention_mask=None``) gives exactly the per-sequence
+outputs only if attention stays inside each sequence:
+
+* ``attn_implementation="rlflow_packed"`` (``rlflow.models.attention``) finds the sequences itself from
+  ``position_ids`` (a new sequence wherever the position does not grow by 1) and also runs Ulysses SP.
+* ``"sdpa"`` / ``"eager"``: transformers 5.x detects packing from ``position_ids``
+  (``masking_utils.find_packed_sequence_indices``) **only when there is no cache**: pass ``use_cache=False``
+  (checked on transformers 5.20: with the default ``use_cache`` sequences attend to each other).
+* ``"flash_attention_2"`` (GPU, optional extra) uses varlen kernels from ``position_ids``.
+
+No flash-attn dependency: everything here is plain torch indexing, differentiable through autograd.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "PackedMicroBatch",
+    "gather_response_outputs",
+    "index_first_axis",
+    "pad_input",
+    "unpad_input",
+    "unpad_micro_batch",
+]
+
+
+def _check_mask(attention_mask: torch.Tensor, batch: int, seqlen: int) -> None:
+    if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, seqlen):
+        raise ValueError(
+            f"attention_mask must have shape (bs, seqlen)=({batch}, {seqlen}), got {tuple(attention_mask.shape)}"
+        )
+
+
+def index_first_axis(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """Select rows of ``x`` along dim 0 (differentiable; the backward scatters into zeros).
+
+    Args:
+        x: (n, ...) tensor.
+        indices: (k,) long tensor of row indices into ``x``.
+
+    Returns:
+        (k, ...) tensor ``x[indices]``.
+    """
+    return x.index_select(0, indices)
+
+
+def unpad_input(
+    hidden_or_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Drop the padded positions of a batch.
+
+    Args:
+        hidden_or_ids: (bs, seqlen, ...) token ids or hidden states.
+        attention_mask: (bs, seqlen) with 1 (or True) at valid tokens.
+
+    Returns:
+        unpadded: (total_tokens, ...) the valid entries in row-major order.
+        indices: (total_tokens,) long indices of the valid entries into the flattened ``(bs * seqlen)`` axis.
+        cu_seqlens: (bs + 1,) int32 cumulative valid lengths, starting at 0.
+        max_seqlen: the largest number of valid tokens in a row.
+    """
+    batch, seqlen = hidden_or_ids.shape[:2]
+    _check_mask(attention_mask, batch, seqlen)
+    seqlens = attention_mask.sum(dim=-1, dtype=torch.int32)
+    indices = torch.nonzero(attention_mask.flatten(), as_tuple=False).flatten()
+    cu_seqlens = torch.nn.functional.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
+    max_seqlen = int(seqlens.max().item()) if batch > 0 else 0
+    flat = hidden_or_ids.reshape(batch * seqlen, *hidden_or_ids.shape[2:])
+    return index_first_axis(flat, indices), indices, cu_seqlens, max_seqlen
+
+
+def pad_input(unpadded: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
+    """Inverse of :func:`unpad_input`: scatter packed entries back into a zero-filled padded batch.
+
+    Args:
+        unpadded: (total_tokens, ...) packed values.
+        indices: (total_tokens,) indices into the flattened ``(batch * seqlen)`` axis, from :func:`unpad_input`.
+        batch: number of rows of the padded batch.
+        seqlen: padded sequence length.
+
+    Returns:
+        (batch, seqlen, ...) tensor; padded positions hold 0.
+    """
+    if unpadded.shape[0] != indices.shape[0]:
+        raise ValueError(f"unpadded has {unpadded.shape[0]} rows but indices has {indices.shape[0]} entries")
+    out = unpadded.new_zeros((batch * seqlen, *unpadded.shape[1:]))
+    out = out.index_put((indices,), unpadded)
+    return out.reshape(batch, seqlen, *unpadded.shape[1:])
+
+
+@dataclass
+class PackedMicroBatch:
+    """A padded micro-batch packed into one row, plus what is needed to scatter outputs back.
+
+    Attributes:
+        input_ids: (1, total_tokens) valid token ids.
+        position_ids: (1, total_tokens) original positions of those tokens (restart at 0 per sequence).
+        labels: (1, total_tokens) next-token labels, ``input_ids`` rolled by -1. At the last token of each
+            sequence the label is the first token of the next sequence: meaningless, and it lands on a
+            position that :func:`gather_response_outputs` maps to a padded (masked) response slot.
+        indices: (total_tokens,) indices into the flattened ``(batch_size * seqlen)`` padded axis.
+        cu_seqlens: (batch_size + 1,) int32 cumulative sequence lengths.
+        max_seqlen: longest valid sequence.
+        batch_size: rows of the padded batch.
+        seqlen: padded length.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    labels: torch.Tensor
+    indices: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    batch_size: int
+    seqlen: int
+
+
+def _check_consecutive(pos_rmpad: torch.Tensor, cu_seqlens: torch.Tensor) -> None:
+    """Raise unless the packed positions of every row are ``0, 1, ..., len - 1`` (what packed attention reads)."""
+    seqlens = torch.diff(cu_seqlens).long()
+    starts = torch.repeat_interleave(cu_seqlens[:-1].long(), seqlens)
+    expected = torch.arange(pos_rmpad.shape[0], device=pos_rmpad.device) - starts
+    bad = torch.nonzero(pos_rmpad != expected).flatten()
+    if bad.numel():
+        row = int(torch.searchsorted(cu_seqlens.long(), bad[:1], right=True).item()) - 1
+        raise ValueError(
+            f"position_ids of row {row} are not 0, 1, 2, ... on its valid tokens (attention_mask == 1); "
+            f"packed attention would split or merge sequences"
+        )
+
+
+def unpad_micro_batch(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+) -> PackedMicroBatch:
+    """Pack a padded micro-batch into a single row for a remove-padding forward.
+
+    Args:
+        input_ids: (bs, seqlen) token ids.
+        attention_mask: (bs, seqlen) 1 at valid tokens.
+        position_ids: (bs, seqlen) positions; at the valid tokens of each row they must be ``0, 1, 2, ...``.
+
+    Returns:
+        A :class:`PackedMicroBatch`; run the model with ``input_ids=packed.input_ids,
+        position_ids=packed.position_ids, attention_mask=None, use_cache=False``.
+    """
+    batch, seqlen = input_ids.shape
+    if position_ids.shape != input_ids.shape:
+        raise ValueError(
+            f"position_ids must have shape (bs, seqlen)={tuple(input_ids.shape)}, got {tuple(position_ids.shape)}"
+        )
+    ids_rmpad, indices, cu_seqlens, max_seqlen = unpad_input(input_ids, attention_mask)
+    pos_rmpad = index_first_axis(position_ids.reshape(-1), indices)
+    _check_consecutive(pos_rmpad, cu_seqlens)
+    return PackedMicroBatch(
+        input_ids=ids_rmpad.unsqueeze(0),
+        position_ids=pos_rmpad.unsqueeze(0),
+        labels=torch.roll(ids_rmpad, shifts=-1, dims=0).unsqueeze(0),
+        indices=indices,
+        cu_seqlens=cu_seqlens,
+        max_seqlen=max_seqlen,
+        batch_size=batch,
+        seqlen=seqlen,
+    )
+
+
+def gather_response_outputs(
+    packed_outputs: torch.Tensor, indices: torch.Tensor, batch_size: int, seqlen: int, response_length: int
+) -> torch.Tensor:
+    """Scatter per-token outputs of a packed forward back to (bs, seqlen) and keep the response part.
+
+    Convention (verl's): the output read for response token ``k`` sits at the position *before* it, i.e. the
+    padded slice ``[:, -response_length - 1 : -1]``.
+
+    * Actor log-prob / entropy: the logits at position ``t - 1`` predict token ``t``. With packed
+      ``labels = roll(input_ids, -1)``, ``logprobs_from_logits(logits, labels)[j]`` is the log-prob of the
+      token after ``j``; after padding, column ``k`` of the slice is ``log p(response[k] | prefix)``.
+    * Critic values: ``values[:, -response_length - 1 : -1]``, i.e. the value of the state (prompt plus
+      response tokens ``< k``) before response token ``k`` is generated.
+
+    Padded response slots (``response_mask == 0``) hold 0 or, at the slot right after a sequence's last valid
+    token, an output computed with a meaningless cross-sequence label: callers must mask with
+    ``response_mask``.
+
+    Args:
+        packed_outputs: (total_tokens, ...) per-token outputs of the packed row (log-probs, entropy, values).
+        indices: (total_tokens,) from :func:`unpad_input` / :class:`PackedMicroBatch`.
+        batch_size: rows of the padded batch.
+        seqlen: padded length (prompt + response).
+        response_length: number of response columns at the end of the padded sequence.
+
+    Returns:
+        (batch_size, response_length, ...) outputs aligned with the response tokens.
+    """
+    if not 0 < response_length < seqlen:
+        raise ValueError(f"response_length must be in (0, seqlen={seqlen}), got {response_length}")
+    padded = pad_input(packed_outputs, indices, batch_size, seqlen)
+    return padded[:, -response_length - 1 : -1]
