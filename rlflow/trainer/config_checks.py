@@ -1,0 +1,167 @@
+"""Readers of config values that raise ``ValueError`` naming the key path; used by `config_validate`.
+
+Each ``check``-style reader takes the config and a dotted key, resolves interpolations, checks one thing
+and returns the value, so a validation rule reads as one line. Also: optional lookups of names owned by
+modules written elsewhere (registries), and importing a user function from a Python file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+__all__ = [
+    "KL_ESTIMATORS",
+    "at_least",
+    "choice",
+    "every_or_never",
+    "flag",
+    "in_range",
+    "kl_name",
+    "load_function",
+    "names_or",
+    "number",
+    "optional_attr",
+    "positive",
+    "value_at",
+]
+
+KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+"""Names `rlflow.trainer.ppo.core_algos.kl_penalty` accepts (each also with a ``+`` suffix)."""
+
+_ABSENT = object()
+
+
+# --------------------------------------------------------------------------- value access
+
+
+def value_at(cfg: DictConfig, key: str) -> Any:
+    """The value at dotted ``key``, interpolations resolved (ValueError naming the key otherwise)."""
+    try:
+        value = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=True)
+    except Exception as err:  # interpolation / missing-value errors of several types
+        raise ValueError(f"{key}: cannot read the value ({err})") from err
+    if value is _ABSENT:
+        raise ValueError(f"{key}: missing from the config")
+    return value
+
+
+def number(cfg: DictConfig, key: str, integer: bool = False, allow_none: bool = False) -> Any:
+    """``key``'s value, checked to be a number (an integer with ``integer``; None with ``allow_none``)."""
+    value = value_at(cfg, key)
+    if value is None and allow_none:
+        return None
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        kind = "an integer" if integer else "a number"
+        raise ValueError(f"{key}={value!r} must be {kind}{' or null' if allow_none else ''}")
+    return value
+
+
+def at_least(
+    cfg: DictConfig, key: str, minimum: float, integer: bool = True, allow_none: bool = False
+) -> Any:
+    """``key``'s value, checked to be a number >= ``minimum`` (see `number`)."""
+    value = number(cfg, key, integer, allow_none)
+    if value is not None and value < minimum:
+        raise ValueError(f"{key}={value!r} must be >= {minimum}")
+    return value
+
+
+def positive(cfg: DictConfig, key: str, allow_none: bool = False) -> Any:
+    """``key``'s value, checked to be a number > 0 (or None with ``allow_none``)."""
+    value = number(cfg, key, allow_none=allow_none)
+    if value is not None and not value > 0:
+        raise ValueError(f"{key}={value!r} must be > 0")
+    return value
+
+
+def in_range(cfg: DictConfig, key: str, low: float, high: float, high_open: bool = False) -> float:
+    """``key``'s value, checked to lie in ``[low, high]`` (``[low, high)`` with ``high_open``)."""
+    value = number(cfg, key)
+    if not (low <= value < high if high_open else low <= value <= high):
+        raise ValueError(f"{key}={value!r} must be in [{low}, {high}{')' if high_open else ']'}")
+    return value
+
+
+def every_or_never(cfg: DictConfig, key: str) -> int:
+    """``key``'s value, a frequency: -1 (never) or a positive integer."""
+    value = number(cfg, key, integer=True)
+    if value != -1 and value < 1:
+        raise ValueError(f"{key}={value!r} must be -1 (never) or >= 1")
+    return value
+
+
+def flag(cfg: DictConfig, key: str) -> bool:
+    """``key``'s value, checked to be a bool."""
+    value = value_at(cfg, key)
+    if not isinstance(value, bool):
+        raise ValueError(f"{key}={value!r} must be true or false")
+    return value
+
+
+def choice(cfg: DictConfig, key: str, choices: Sequence[str]) -> str:
+    """``key``'s value, checked to be one of ``choices``."""
+    value = value_at(cfg, key)
+    if value not in choices:
+        raise ValueError(f"{key}={value!r} is not one of {sorted(choices)}")
+    return value
+
+
+def kl_name(cfg: DictConfig, key: str) -> str:
+    """``key``'s value, checked to be a KL estimator name (`KL_ESTIMATORS`, optionally with ``+``)."""
+    value = value_at(cfg, key)
+    if not isinstance(value, str) or value.removesuffix("+") not in KL_ESTIMATORS:
+        raise ValueError(
+            f"{key}={value!r} is not a KL estimator: one of {list(KL_ESTIMATORS)}, optionally + '+'"
+        )
+    return value
+
+
+# --------------------------------------------------------------------------- names owned by other modules
+
+
+def optional_attr(module: str, attr: str) -> Any:
+    """``module.attr``, or None while that module (being written elsewhere) cannot be imported."""
+    try:
+        return getattr(importlib.import_module(module), attr, None)
+    except ImportError:
+        return None
+
+
+def names_or(module: str, attr: str, fallback: Sequence[str]) -> tuple[str, ...]:
+    """The names in ``module.attr`` (a registry or tuple), or ``fallback`` while it cannot be imported."""
+    names = optional_attr(module, attr)
+    return tuple(names) if names else tuple(fallback)
+
+
+def load_function(path: str, name: str, prefix: str) -> Callable:
+    """Import ``name`` from the Python file ``path``; ValueError naming ``prefix.path`` / ``prefix.name``."""
+    abspath = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(abspath):
+        raise ValueError(f"{prefix}.path={path!r}: no such file (resolved to {abspath})")
+    module_name = f"rlflow_user_fn_{hashlib.sha1(abspath.encode()).hexdigest()[:12]}"
+    spec = importlib.util.spec_from_file_location(module_name, abspath)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"{prefix}.path={path!r} cannot be imported as a Python module (is it a .py file?)")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses defined in the file look their module up here
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        raise ValueError(f"{prefix}.path={path!r}: importing it failed: {type(err).__name__}: {err}") from err
+    finally:
+        sys.modules.pop(module_name, None)
+    fn = getattr(module, name, None)
+    if fn is None:
+        raise ValueError(f"{prefix}.name={name!r} is not defined in {path!r}")
+    if not callable(fn):
+        raise ValueError(f"{prefix}.name={name!r} in {path!r} is a {type(fn).__name__}, not callable")
+    return fn
