@@ -1,0 +1,172 @@
+"""Process-group set-up shared by every rlflow worker.
+
+`init_distributed` is the only place that calls `torch.distributed.init_process_group`. It reads the
+usual launcher variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``),
+picks gloo on a CPU-only machine and NCCL (plus gloo for CPU tensors) when CUDA is available, and does
+nothing when a process group already exists.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "DistInfo",
+    "default_backend",
+    "device_type",
+    "find_free_port",
+    "get_rank",
+    "get_world_size",
+    "init_distributed",
+    "spawn_workers",
+]
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits in the default process group.
+
+    Attributes:
+        rank: global rank.
+        world_size: number of processes.
+        local_rank: rank on this node (selects the CUDA device).
+        backend: the backend string given to ``init_process_group``.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+
+
+def device_type() -> str:
+    """Return ``"cuda"`` when a CUDA device is visible, else ``"cpu"``."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_backend() -> str:
+    """Backend for this machine: gloo on CPU; NCCL for CUDA tensors and gloo for CPU tensors on GPU.
+
+    The GPU string ``"cpu:gloo,cuda:nccl"`` keeps CPU-side collectives (object broadcasts, CPU-offloaded
+    state) working next to NCCL.
+    """
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
+
+def find_free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago (for ``MASTER_PORT``)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _env_int(name: str, default: int | None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise ValueError(f"environment variable {name} must be set for a multi-process run")
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from exc
+
+
+def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> DistInfo:
+    """Initialise the default process group from the environment (idempotent).
+
+    With ``WORLD_SIZE`` unset or 1, a single-process group is created on ``127.0.0.1`` and a free port,
+    so the same worker code runs unchanged without a launcher. With ``WORLD_SIZE > 1``, ``RANK``,
+    ``MASTER_ADDR`` and ``MASTER_PORT`` must be set (``ValueError`` naming the missing one otherwise).
+    On CUDA machines the current device is set to ``LOCAL_RANK``.
+
+    Args:
+        backend: process-group backend; ``None`` picks `default_backend()`.
+        timeout_s: collective timeout in seconds; ``None`` keeps torch's default.
+
+    Returns:
+        The `DistInfo` of this process (also when the group already existed).
+    """
+    local_rank = _env_int("LOCAL_RANK", 0)
+    if dist.is_initialized():
+        return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, str(dist.get_backend()))
+    world_size = _env_int("WORLD_SIZE", 1)
+    if world_size < 1:
+        raise ValueError(f"environment variable WORLD_SIZE={world_size} must be >= 1")
+    if world_size == 1:
+        rank = _env_int("RANK", 0)
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(find_free_port()))
+    else:
+        rank = _env_int("RANK", None)
+        for name in ("MASTER_ADDR", "MASTER_PORT"):
+            if not os.environ.get(name):
+                raise ValueError(f"environment variable {name} must be set for a multi-process run")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"environment variable RANK={rank} must be in [0, WORLD_SIZE={world_size})")
+    backend = backend or default_backend()
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+    kwargs = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
+    dist.init_process_group(backend=backend, rank=rank, world_size=world_size, **kwargs)
+    return DistInfo(rank, world_size, local_rank, backend)
+
+
+def get_rank() -> int:
+    """Global rank, 0 when no process group exists."""
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def get_world_size() -> int:
+    """World size, 1 when no process group exists."""
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _spawn_entry(
+    local_rank: int, fn: Callable[..., Any], world_size: int, port: int, out_dir: str, args: tuple
+) -> None:
+    os.environ.update(
+        RANK=str(local_rank),
+        LOCAL_RANK=str(local_rank),
+        WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+    init_distributed(timeout_s=300)
+    try:
+        result = fn(local_rank, *args)
+        torch.save(result, os.path.join(out_dir, f"rank{local_rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_workers(fn: Callable[..., Any], world_size: int, args: tuple = ()) -> list[Any]:
+    """Run ``fn(rank, *args)`` in ``world_size`` fresh processes joined by a local process group.
+
+    For tests and single-node experiments: each process gets ``RANK``/``WORLD_SIZE``/``MASTER_*``, one
+    intra-op thread and `init_distributed`. ``fn`` must be importable (a module-level function) and its
+    return value picklable with ``torch.save``. An exception in any process is re-raised here.
+
+    Args:
+        fn: ``fn(rank, *args)`` run on every rank.
+        world_size: number of processes.
+        args: extra positional arguments for ``fn``.
+
+    Returns:
+        The return values of ``fn``, indexed by rank.
+    """
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.spawn(_spawn_entry, args=(fn, world_size, find_free_port(), out_dir, args), nprocs=world_size)
+        return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
