@@ -1,0 +1,196 @@
+"""``DataParallelPPOCritic``: values of response tokens, and the clipped value-loss update.
+
+The critic is a token-level value model (``(bs, seqlen) -> (bs, seqlen)`` scalar per position, e.g.
+``AutoModelForTokenClassification`` with one label). Its value for response token ``t`` is read at the
+position that *predicts* it, the same alignment as the actor's log-probs.
+
+Everything about batching (remove-padding, Ulysses, dynamic micro-batches, global loss normalisation)
+lives in :mod:`rlflow.models.forward` and :mod:`rlflow.workers.ppo_loop`; this file is the PPO logic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from rlflow.models.forward import forward_micro_batch
+from rlflow.protocol import DataProto
+from rlflow.trainer.ppo.core_algos import compute_value_loss
+from rlflow.utils.torch_functional import masked_mean
+from rlflow.workers.ppo_loop import (
+    MetricAccumulator,
+    global_loss_counts,
+    group_size,
+    iter_mini_batches,
+    optimizer_step,
+    split_micro_batches,
+)
+
+__all__ = ["DataParallelPPOCritic"]
+
+_FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
+
+
+def _get(config: Any, key: str, default: Any = None) -> Any:
+    if isinstance(config, Mapping):
+        return config.get(key, default)
+    return getattr(config, key, default)
+
+
+def response_mask_of(data: DataProto) -> torch.Tensor:
+    """``(bs, response_len)``: ``response_mask`` if the batch has it, else the response part of
+    ``attention_mask``."""
+    if "response_mask" in data.batch.keys():
+        return data.batch["response_mask"]
+    response_len = data.batch["responses"].shape[-1]
+    return data.batch["attention_mask"][:, -response_len:]
+
+
+class DataParallelPPOCritic:
+    """PPO critic on one data-parallel rank (the module may be FSDP1/FSDP2-sharded).
+
+    Args:
+        config: the critic config (``critic.*``) with per-rank sizes: ``ppo_mini_batch_size`` and
+            ``ppo_micro_batch_size_per_gpu`` / ``forward_micro_batch_size_per_gpu`` in samples on this rank,
+            ``use_dynamic_bsz``, ``ppo_max_token_len_per_gpu`` / ``forward_max_token_len_per_gpu``,
+            ``ppo_epochs``, ``shuffle``, ``cliprange_value``, ``loss_agg_mode``, ``grad_clip``,
+            ``ulysses_sequence_parallel_size``, ``model.use_remove_padding``, ``seed``.
+        critic_module: the value model.
+        critic_optimizer: its optimizer (``None`` for a critic used only for ``compute_values``).
+        dp_group: process group of the data-parallel ranks (``None``: all ranks hold different data).
+        sp_group: Ulysses group (``None`` or size 1: no sequence parallelism).
+        sync_group: every rank that must run the same number of forward passes (the FSDP world).
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        critic_module: torch.nn.Module,
+        critic_optimizer: torch.optim.Optimizer | None = None,
+        *,
+        dp_group: Any = None,
+        sp_group: Any = None,
+        sync_group: Any = None,
+    ) -> None:
+        self.config = config
+        self.critic_module = critic_module
+        self.critic_optimizer = critic_optimizer
+        self.dp_group, self.sp_group, self.sync_group = dp_group, sp_group, sync_group
+        self.use_remove_padding = bool(_get(_get(config, "model", {}) or {}, "use_remove_padding", False))
+        self.sp_size = int(_get(config, "ulysses_sequence_parallel_size", 1) or 1)
+        self.use_dynamic_bsz = bool(_get(config, "use_dynamic_bsz", False))
+        self.skipped_steps = 0
+
+    # ---- forward ---------------------------------------------------------------------------------------
+
+    def _forward(self, micro: Any) -> torch.Tensor:
+        out = forward_micro_batch(
+            self.critic_module,
+            micro,
+            output="values",
+            use_remove_padding=self.use_remove_padding,
+            sp_group=self.sp_group,
+        )
+        return out["values"]
+
+    def _micro_batches(self, batch: Any, micro_key: str, token_key: str) -> Any:
+        max_len = _get(self.config, token_key)
+        return split_micro_batches(
+            batch,
+            use_dynamic_bsz=self.use_dynamic_bsz,
+            micro_batch_size=_get(self.config, micro_key),
+            max_token_len=None if max_len is None else int(max_len) * self.sp_size,
+            sync_group=self.sync_group,
+        )
+
+    @torch.no_grad()
+    def compute_values(self, data: DataProto) -> torch.Tensor:
+        """Values of the response tokens, zero on masked positions.
+
+        Args:
+            data: ``input_ids``, ``attention_mask``, ``position_ids``: (bs, seqlen); ``responses``:
+                (bs, response_len); optional ``response_mask``.
+
+        Returns:
+            ``(bs, response_len)`` values in input order.
+        """
+        self.critic_module.eval()
+        mask = response_mask_of(data)
+        batch = data.batch.select(*[k for k in _FORWARD_KEYS if k in data.batch.keys()])
+        micro = self._micro_batches(
+            batch, "forward_micro_batch_size_per_gpu", "forward_max_token_len_per_gpu"
+        )
+        values = micro.restore([self._forward(mb) for mb in micro.batches])
+        return values * mask.to(values.dtype)
+
+    # ---- update ----------------------------------------------------------------------------------------
+
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        """PPO epochs × mini-batches × micro-batches of the clipped value loss.
+
+        Args:
+            data: the forward keys plus ``values`` (rollout-time critic values) and ``returns``:
+                (bs, response_len). ``meta_info["global_steps"]`` seeds the mini-batch shuffle.
+
+        Returns:
+            Metrics averaged over mini-batches: ``critic/vf_loss``, ``critic/vf_clipfrac``,
+            ``critic/vpred_mean``, ``critic/grad_norm``, and ``critic/skipped_steps`` (non-finite
+            gradient norms in this update; the weights were left unchanged for those).
+        """
+        if self.critic_optimizer is None:
+            raise RuntimeError("update_critic needs a critic optimizer")
+        self.critic_module.train()
+        keys = [k for k in (*_FORWARD_KEYS, "values", "returns") if k in data.batch.keys()]
+        data = DataProto(batch=data.batch.select(*keys), meta_info=data.meta_info)
+        if "response_mask" not in data.batch.keys():
+            data.batch["response_mask"] = response_mask_of(data)
+        seed = int(_get(self.config, "seed", 0) or 0) + int(data.meta_info.get("global_steps", 0))
+        acc = MetricAccumulator()
+        skipped = 0
+        mini_iter = iter_mini_batches(
+            data,
+            int(_get(self.config, "ppo_mini_batch_size")),
+            int(_get(self.config, "ppo_epochs", 1)),
+            bool(_get(self.config, "shuffle", False)),
+            seed,
+        )
+        for _, mini in mini_iter:
+            self._accumulate_mini_batch(mini, acc)
+            grad_norm, stepped = optimizer_step(
+                self.critic_module, self.critic_optimizer, _get(self.config, "grad_clip")
+            )
+            skipped += int(not stepped)
+            acc.end_mini_batch(self.dp_group, extra={"critic/grad_norm": grad_norm})
+        self.skipped_steps += skipped
+        metrics = acc.means()
+        metrics["critic/skipped_steps"] = float(skipped)
+        return metrics
+
+    def _accumulate_mini_batch(self, mini: DataProto, acc: MetricAccumulator) -> None:
+        """Forward and backward every micro-batch of ``mini``; gradients accumulate in the module."""
+        tokens, seqs = global_loss_counts(mini.batch["response_mask"], self.dp_group)
+        dp_size = group_size(self.dp_group)
+        micro = self._micro_batches(mini.batch, "ppo_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu")
+        response_len = mini.batch["responses"].shape[-1]
+        for mb in micro.batches:
+            mask = mb["response_mask"]
+            vpreds = self._forward(mb)
+            vf_loss, vf_clipfrac = compute_value_loss(
+                vpreds=vpreds,
+                returns=mb["returns"],
+                values=mb["values"],
+                response_mask=mask,
+                cliprange_value=_get(self.config, "cliprange_value"),
+                loss_agg_mode=_get(self.config, "loss_agg_mode", "token-mean"),
+                global_token_num=tokens,
+                global_seq_num=seqs,
+                dp_size=dp_size,
+                loss_scale_factor=response_len,
+            )
+            vf_loss.backward()
+            n_tok = float(mask.sum())
+            acc.add_rank_share("critic/vf_loss", vf_loss)
+            acc.add("critic/vf_clipfrac", vf_clipfrac, weight=n_tok)
+            acc.add("critic/vpred_mean", masked_mean(vpreds.detach(), mask), weight=n_tok)
