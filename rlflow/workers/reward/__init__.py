@@ -1,0 +1,28 @@
+"""Rewards: rule scorers (GSM8K, synthetic tasks), the naive reward manager, custom and model rewards.
+
+Names are imported lazily, so a scoring process that only needs a score function does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "CustomRewardFunction": "custom",
+    "get_custom_reward_fn": "custom",
+    "load_custom_reward_fn": "custom",
+    "default_compute_score": "default",
+    "NaiveRewardManager": "naive",
+    "check_score": "naive",
+    "ScoringPool": "pool",
+    "compute_rm_score": "reward_model",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
