@@ -12,7 +12,14 @@ import importlib
 
 from rlflow.workers.rollout.base import BaseRollout, RolloutConfig, SamplingParams, ValKwargs
 
-__all__ = ["ROLLOUT_CLASSES", "BaseRollout", "RolloutConfig", "SamplingParams", "ValKwargs", "get_rollout_class"]
+__all__ = [
+    "ROLLOUT_CLASSES",
+    "BaseRollout",
+    "RolloutConfig",
+    "SamplingParams",
+    "ValKwargs",
+    "get_rollout_class",
+]
 
 ROLLOUT_CLASSES: dict[str, tuple[str, str]] = {
     "hf": ("rlflow.workers.rollout.hf", "HFRollout"),
