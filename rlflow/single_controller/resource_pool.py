@@ -48,14 +48,20 @@ def check_pool_fits(
     cpus_per_bundle: float,
     gpus_per_bundle: float,
     nodes: list[NodeResources],
-) -> None:
-    """Raise :class:`ResourceUnavailableError` if the pool's placement groups can never be placed.
+) -> list[str]:
+    """Plan which node each placement group goes to; raise if the pool can never be placed.
 
     Each entry of ``process_on_nodes`` is one placement group that must fit on a single node
-    (``STRICT_PACK``).  Groups are matched to nodes largest first; the message names what is required
-    and, for every node, what it has.
+    (``STRICT_PACK``). Groups are matched largest first, each to a node that holds none of the pool's
+    groups yet when possible (one group per node), else to the node with the most free CPU. The
+    :class:`ResourceUnavailableError` names what is required and, for every node, what it has.
+
+    Returns:
+        The node id planned for each placement group, in ``process_on_nodes`` order.
     """
     free = {n.node_id: [n.cpu, n.gpu] for n in nodes}
+    used: dict[str, int] = {}
+    plan: dict[int, str] = {}
     for i, count in sorted(enumerate(process_on_nodes), key=lambda t: -t[1]):
         need_cpu, need_gpu = count * cpus_per_bundle, count * gpus_per_bundle
         fits = [nid for nid, (c, g) in free.items() if c + 1e-9 >= need_cpu and g + 1e-9 >= need_gpu]
@@ -67,9 +73,12 @@ def check_pool_fits(
                 f"{f' + {gpus_per_bundle:g} GPU' if gpus_per_bundle else ''} on one node "
                 f"({need_cpu:g} CPU, {need_gpu:g} GPU) but no node has that ({short}). Cluster: {have}"
             )
-        best = max(fits, key=lambda nid: free[nid][0])
+        best = min(fits, key=lambda nid: (used.get(nid, 0), -free[nid][0], nid))
         free[best][0] -= need_cpu
         free[best][1] -= need_gpu
+        used[best] = used.get(best, 0) + 1
+        plan[i] = best
+    return [plan[i] for i in range(len(process_on_nodes))]
 
 
 def _short_resources(need_cpu: float, need_gpu: float, nodes: list[NodeResources]) -> str:
@@ -137,22 +146,30 @@ class RayResourcePool:
     def get_placement_groups(self) -> list[PlacementGroup]:
         """Create (once) and return the placement groups, ready; raise a clear error otherwise."""
         if self._pgs is None:
-            check_pool_fits(
+            plan = check_pool_fits(
                 self.name_prefix,
                 self.process_on_nodes,
                 self.cpus_per_bundle,
                 self.gpus_per_bundle,
                 alive_nodes(),
             )
-            self._pgs = [self._create_pg(i, n) for i, n in enumerate(self.process_on_nodes)]
+            self._pgs = [self._create_pg(i, n, plan[i]) for i, n in enumerate(self.process_on_nodes)]
         return self._pgs
 
-    def _create_pg(self, index: int, count: int) -> PlacementGroup:
+    def node_ids(self) -> list[str]:
+        """The node each placement group landed on (rank order follows these groups)."""
+        table = ray.util.placement_group_table
+        return [next(iter(table(pg)["bundles_to_node_id"].values())) for pg in self.get_placement_groups()]
+
+    def _create_pg(self, index: int, count: int, target_node: str | None = None) -> PlacementGroup:
         bundle = {"CPU": self.cpus_per_bundle}
         if self.use_gpu:
             bundle["GPU"] = 1.0
         pg = placement_group(
-            [dict(bundle) for _ in range(count)], strategy="STRICT_PACK", name=f"{self.name_prefix}_{index}"
+            [dict(bundle) for _ in range(count)],
+            strategy="STRICT_PACK",
+            name=f"{self.name_prefix}_{index}",
+            _soft_target_node_id=target_node,  # one group per node where the cluster allows it
         )
         try:
             ray.get(pg.ready(), timeout=self.placement_timeout_s)

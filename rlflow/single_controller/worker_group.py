@@ -74,6 +74,8 @@ class RayWorkerGroup:
         call_timeout_s: optional bound on every blocking call (``None``: no bound beyond dead-worker
             detection, which is always on).
         env_vars: extra environment variables for every actor.
+        num_workers: use only the first ``num_workers`` bundles of the pool (a role with a smaller
+            world size than the others it is colocated with); ``None``: every bundle.
     """
 
     def __init__(
@@ -83,7 +85,9 @@ class RayWorkerGroup:
         name_prefix: str = "worker",
         call_timeout_s: float | None = None,
         env_vars: dict[str, str] | None = None,
+        num_workers: int | None = None,
     ) -> None:
+        self.num_workers = num_workers
         self.resource_pool = resource_pool
         self.name = name_prefix
         self.call_timeout_s = call_timeout_s
@@ -97,6 +101,13 @@ class RayWorkerGroup:
 
     def _create_workers(self, env_vars: dict[str, str]) -> None:
         slots = self.resource_pool.bundle_slots()
+        if self.num_workers is not None:
+            if not 1 <= self.num_workers <= len(slots):
+                raise ValueError(
+                    f"worker group {self.name!r}: num_workers={self.num_workers} must be between 1 and the "
+                    f"pool's {len(slots)} bundles"
+                )
+            slots = slots[: self.num_workers]
         world = len(slots)
         remote_cls = ray.remote(self._cls.cls)
         master: dict[str, str] = {}

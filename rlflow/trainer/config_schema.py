@@ -393,6 +393,8 @@ class TrainerConfig:
         save_freq / test_freq: every N steps; -1 = never.
         critic_warmup: first steps that train only the critic.
         resume_mode: auto | disable | resume_path (then ``resume_from_path`` is the checkpoint dir).
+        peak_tflops: peak TFLOP/s of one worker for the MFU; None = datasheet table on GPU, measured
+            matmul rate on CPU.
     """
 
     project_name: str = "rlflow"
@@ -417,6 +419,7 @@ class TrainerConfig:
     balance_batch: bool = True
     seed: int = 1
     placement_timeout_s: float = 60
+    peak_tflops: float | None = None
 
 
 @dataclass

@@ -375,7 +375,7 @@ def _check_ppo_batches(cfg: DictConfig, prefix: str, dp: int, sp: int) -> None:
     micro_key = f"{prefix}.ppo_micro_batch_size_per_gpu"
     micro = at_least(cfg, micro_key, 1)
     per_rank = mini * n // dp
-    if per_rank % micro:
+    if micro < per_rank and per_rank % micro:  # a larger micro-batch just holds the whole mini-batch
         raise ValueError(
             f"{micro_key}={micro} must divide the {per_rank} responses each rank of {prefix} gets per "
             f"mini-batch ({key}={mini} × {ROLLOUT}.n={n} / data-parallel size {dp})"

@@ -1,0 +1,161 @@
+"""``python -m rlflow.trainer.main_ppo [overrides]``: PPO (or GRPO, ...) with Hydra overrides.
+
+With no overrides it trains PPO with a critic on the embedded tiny model and the easy synthetic task,
+on CPU with a local Ray. Library use::
+
+    from rlflow.trainer.config import load_config
+    from rlflow.trainer.main_ppo import run_ppo
+
+    cfg = load_config(["trainer.total_training_steps=3"])
+    result = run_ppo(cfg)          # {"final": {...}, "history": [...]}
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from rlflow.trainer.config import apply_critic_config_file, config_dir, validate_config
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["build_trainer", "main", "prepare_config", "run_ppo"]
+
+TINY_MODEL = "rlflow://tiny"
+
+
+def prepare_config(cfg: DictConfig) -> DictConfig:
+    """Apply the critic config file, fill the embedded defaults (tiny model, synthetic task files) and
+    validate — all before any Ray actor starts. Raises ``ValueError`` naming the key path."""
+    from transformers import AutoConfig
+
+    from rlflow.data.tasks import ensure_task_files
+    from rlflow.models.tiny import resolve_model_path
+
+    cfg = apply_critic_config_file(cfg)
+    model = cfg.actor_rollout_ref.model
+    model.path = resolve_model_path(model.path or TINY_MODEL)
+    if cfg.critic.model.path is None or str(cfg.critic.model.path).startswith("rlflow://"):
+        cfg.critic.model.path = resolve_model_path(cfg.critic.model.path or TINY_MODEL)
+    if cfg.data.train_files is None or cfg.data.val_files is None:
+        train, val = ensure_task_files(str(cfg.data.task))
+        if cfg.data.train_files is None:
+            cfg.data.train_files = train
+        if cfg.data.val_files is None:
+            cfg.data.val_files = val
+    hf = AutoConfig.from_pretrained(model.path, trust_remote_code=bool(model.trust_remote_code))
+    validate_config(
+        cfg, num_attention_heads=hf.num_attention_heads, num_key_value_heads=hf.num_key_value_heads
+    )
+    return cfg
+
+
+def _files(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value]
+
+
+def build_data(cfg: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
+    """Train and validation dataloaders (the train one is resumable)."""
+    from rlflow.data.rl_dataset import RLHFDataset, create_rl_dataloader
+
+    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
+    train = RLHFDataset(_files(cfg.data.train_files), tokenizer, data_cfg)
+    val = RLHFDataset(_files(cfg.data.val_files), tokenizer, data_cfg)
+    train_loader = create_rl_dataloader(
+        train, int(cfg.data.train_batch_size), shuffle=bool(cfg.data.shuffle), seed=int(cfg.data.seed)
+    )
+    val_bs = int(cfg.data.val_batch_size or len(val))
+    val_loader = create_rl_dataloader(val, val_bs, shuffle=False, drop_last=False)
+    return train_loader, val_loader
+
+
+def build_reward_fns(cfg: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
+    """Reward managers for training and validation (custom score function if configured)."""
+    from rlflow.workers.reward import NaiveRewardManager, get_custom_reward_fn
+
+    custom = get_custom_reward_fn(OmegaConf.to_container(cfg, resolve=True))
+    rm = cfg.reward_model
+    common = {"compute_score": custom, "reward_fn_key": str(cfg.data.reward_fn_key)}
+    train = NaiveRewardManager(
+        tokenizer,
+        num_examine=0,
+        num_workers=int(rm.num_workers),
+        timeout_s=rm.timeout_s,
+        timeout_score=float(rm.timeout_score),
+        **common,
+    )
+    val = NaiveRewardManager(tokenizer, num_examine=1, **common)
+    return train, val
+
+
+def build_tracker(cfg: DictConfig) -> Any:
+    from rlflow.utils.tracking import Tracking
+
+    t = cfg.trainer
+    log_dir = t.log_dir or os.path.join("outputs", str(t.project_name), str(t.experiment_name))
+    return Tracking(
+        str(t.project_name),
+        str(t.experiment_name),
+        list(t.logger),
+        config=OmegaConf.to_container(cfg, resolve=True),
+        log_dir=log_dir,
+    )
+
+
+def build_trainer(cfg: DictConfig, tracker: Any | None = None) -> Any:
+    """Prepare and validate ``cfg``, start (or join) Ray and return a ready ``RayPPOTrainer``
+    (workers not created yet: ``trainer.init_workers()`` or ``trainer.fit()`` does it)."""
+    from rlflow.models.loader import load_tokenizer
+    from rlflow.single_controller import init_ray
+    from rlflow.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    cfg = prepare_config(cfg)
+    tokenizer = load_tokenizer(str(cfg.actor_rollout_ref.model.path))
+    train_loader, val_loader = build_data(cfg, tokenizer)
+    reward_fn, val_reward_fn = build_reward_fns(cfg, tokenizer)
+    custom_adv = None
+    spec = cfg.algorithm.custom_advantage_function
+    if spec.path:
+        from rlflow.trainer.ppo.custom_advantage import load_custom_advantage_fn
+
+        custom_adv = load_custom_advantage_fn(str(spec.path), str(spec.name))
+    ray_cfg = cfg.ray_init
+    init_ray(
+        address=ray_cfg.address, num_cpus=ray_cfg.num_cpus, object_store_memory=ray_cfg.object_store_memory
+    )
+    return RayPPOTrainer(
+        cfg, tokenizer, reward_fn, val_reward_fn, train_loader, val_loader, custom_adv, tracker=tracker
+    )
+
+
+def run_ppo(cfg: DictConfig, tracker: Any | None = None) -> dict[str, Any]:
+    """Prepare, validate, start Ray, train, shut the workers down. Returns the last metrics and the
+    per-step history."""
+    own_tracker = tracker is None
+    if own_tracker:
+        tracker = build_tracker(prepare_config(cfg))
+    trainer = build_trainer(cfg, tracker)
+    try:
+        final = trainer.fit()
+    finally:
+        trainer.shutdown()
+        if own_tracker:
+            tracker.finish()
+    return {"final": final, "history": trainer.history}
+
+
+@hydra.main(config_path=str(config_dir()), config_name="ppo_trainer", version_base=None)
+def main(cfg: DictConfig) -> None:
+    """Hydra entry point."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_ppo(cfg)
+
+
+if __name__ == "__main__":
+    main()

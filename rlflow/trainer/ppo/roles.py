@@ -1,0 +1,100 @@
+"""Which worker groups a run needs, and creating them colocated on one resource pool.
+
+Every role (actor+rollout, reference, critic, reward model) is its own worker group — its own Ray
+actor processes — on the bundles of one placement group per node. Each role's actor takes
+``1 / number_of_roles`` of a bundle, so all of them fit on the same CPUs/GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlflow.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from rlflow.trainer.ppo.advantage import estimator_needs_critic
+
+__all__ = ["WorkerGroups", "build_worker_groups", "needs_critic", "needs_reference"]
+
+
+def needs_critic(config: DictConfig) -> bool:
+    """``critic.enable`` if set, else whether the advantage estimator uses values."""
+    if config.critic.enable is not None:
+        return bool(config.critic.enable)
+    return estimator_needs_critic(config.algorithm.adv_estimator)
+
+
+def needs_reference(config: DictConfig) -> bool:
+    """A reference policy exists only for a KL term (in the reward or as a loss)."""
+    return bool(config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
+
+
+@dataclass
+class WorkerGroups:
+    pool: RayResourcePool
+    actor: RayWorkerGroup
+    ref: RayWorkerGroup | None = None
+    critic: RayWorkerGroup | None = None
+    reward_model: RayWorkerGroup | None = None
+    actor_dp_size: int = 1
+
+    def all(self) -> list[RayWorkerGroup]:
+        return [g for g in (self.actor, self.ref, self.critic, self.reward_model) if g is not None]
+
+    def shutdown(self) -> None:
+        for g in self.all():
+            g.shutdown()
+        self.pool.remove()
+
+
+def _device(config: DictConfig) -> str:
+    device = str(config.trainer.device)
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def build_worker_groups(config: DictConfig, total_training_steps: int) -> WorkerGroups:
+    """Create the resource pool and every needed role's group, then build all models (in parallel)."""
+    from rlflow.workers.fsdp_workers import ActorRolloutWorker, CriticWorker, RefWorker, RewardModelWorker
+
+    roles = ["actor"]
+    if needs_reference(config):
+        roles.append("ref")
+    if needs_critic(config):
+        roles.append("critic")
+    if config.reward_model.enable:
+        roles.append("reward_model")
+    trainer = config.trainer
+    pool = RayResourcePool(
+        [int(trainer.n_gpus_per_node)] * int(trainer.nnodes),
+        use_gpu=_device(config) == "cuda",
+        max_colocate_count=len(roles),
+        cpus_per_bundle=float(trainer.cpus_per_worker),
+        name_prefix=f"rlflow_{trainer.experiment_name}",
+        placement_timeout_s=float(trainer.placement_timeout_s),
+    )
+    plain = OmegaConf.to_container(config, resolve=True)
+    plain["trainer"]["total_training_steps_resolved"] = int(total_training_steps)
+
+    def group(cls: type, name: str, num_workers: int | None = None) -> RayWorkerGroup:
+        return RayWorkerGroup(
+            pool, RayClassWithInitArgs(cls, config=plain), name_prefix=name, num_workers=num_workers
+        )
+
+    groups = WorkerGroups(pool=pool, actor=group(ActorRolloutWorker, "actor_rollout"))
+    if "ref" in roles:
+        groups.ref = group(RefWorker, "ref")
+    if "critic" in roles:
+        critic_world = config.critic.world_size
+        groups.critic = group(CriticWorker, "critic", None if critic_world is None else int(critic_world))
+    if "reward_model" in roles:
+        groups.reward_model = group(RewardModelWorker, "reward_model")
+    futures = [g.init_model() for g in groups.all()]
+    for f in futures:
+        f.get()
+    sp = int(config.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
+    groups.actor_dp_size = groups.actor.world_size // sp
+    return groups

@@ -1,0 +1,299 @@
+"""Ray-facing workers, one small class per role (composition, no role flags).
+
+* `ActorRolloutWorker` — the policy: rollout, old log-probs, PPO update (computes advantages from
+  the critic's values future on the batch gathered over its DP ranks).
+* `RefWorker` — the frozen reference policy (``compute_ref_log_prob``).
+* `CriticWorker` — values (non-blocking: the driver gets a future) and the value update (returns
+  computed from the same values future).
+* `RewardModelWorker` — sequence-classification reward model scores.
+
+Each role is its own worker group (own processes, own process group and FSDP mesh), colocated with
+the others on one placement group. Data methods use mesh dispatch: samples are split by the DP rank
+each worker registers, Ulysses peers get the same samples and only sp-rank-0 outputs are gathered.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from rlflow.models.loader import load_reward_model, load_tokenizer
+from rlflow.protocol import DataProto
+from rlflow.single_controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
+from rlflow.trainer.ppo.advantage import advantage_metrics, compute_advantage
+from rlflow.trainer.ppo.metrics import explained_variance_from_stats, explained_variance_stats
+from rlflow.utils.checkpoint import export_hf, load_checkpoint, save_checkpoint
+from rlflow.utils.optim import build_lr_scheduler, build_optimizer
+from rlflow.workers.actor import DataParallelPPOActor
+from rlflow.workers.critic import DataParallelPPOCritic
+from rlflow.workers.role_utils import (
+    build_role_module,
+    gathered_advantages,
+    metrics_proto,
+    model_path,
+    per_rank_sizes,
+    setup_role_parallel,
+    timed_call,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ActorRolloutWorker", "CriticWorker", "RefWorker", "RewardModelWorker"]
+
+
+def _hf_config(model_cfg: dict) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(
+        model_path(model_cfg), trust_remote_code=bool(model_cfg.get("trust_remote_code"))
+    )
+
+
+def _custom_advantage_fn(config: dict) -> Any:
+    spec = config["algorithm"].get("custom_advantage_function") or {}
+    if not spec.get("path"):
+        return None
+    from rlflow.trainer.ppo.custom_advantage import load_custom_advantage_fn
+
+    return load_custom_advantage_fn(spec["path"], spec["name"])
+
+
+class _ModelRole(Worker):
+    """Shared set-up: process group, meshes, dispatch registration, model, optional optimizer."""
+
+    mesh_name = ""
+    key_prefix = ""
+
+    def __init__(self, config: dict) -> None:
+        super().__init__()
+        self.config = config
+        self.module: torch.nn.Module | None = None
+        self.optimizer = None
+        self.lr_scheduler = None
+
+    def _build(self, kind: str, model_cfg: dict, section: dict, with_optimizer: bool) -> None:
+        torch.manual_seed(int(self.config["trainer"]["seed"]))
+        self.parallel = setup_role_parallel(self.world_size, section, _hf_config(model_cfg), self.key_prefix)
+        dims = self.parallel.dims
+        self.register_dispatch_info(self.mesh_name, dims.dp_rank, dims.is_collect_rank)
+        self.module = build_role_module(
+            kind, model_cfg, section, self.parallel, int(self.config["trainer"]["seed"])
+        )
+        if with_optimizer:
+            optim_cfg = section["optim"]
+            total = int(self.config["trainer"]["total_training_steps_resolved"])
+            self.optimizer = build_optimizer(self.module.parameters(), optim_cfg, f"{self.key_prefix}.optim")
+            self.lr_scheduler = build_lr_scheduler(
+                self.optimizer, optim_cfg, total, f"{self.key_prefix}.optim"
+            )
+
+    def _groups(self) -> dict[str, Any]:
+        p = self.parallel
+        return {"dp_group": p.dp_group, "sp_group": p.sp_group, "sync_group": p.sync_group}
+
+    def _lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else 0.0
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str, global_step: int = 0) -> None:
+        save_checkpoint(
+            path, self.module, self.optimizer, self.lr_scheduler, extra_state={"global_step": global_step}
+        )
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        load_checkpoint(path, self.module, self.optimizer, self.lr_scheduler)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_hf(self, out_dir: str) -> None:
+        """Write a HF model directory (with the tokenizer) that ``from_pretrained`` loads."""
+        tokenizer = load_tokenizer(model_path(self._model_cfg()))
+        export_hf(self.module, tokenizer, out_dir)
+
+    def _model_cfg(self) -> dict:
+        raise NotImplementedError
+
+
+class ActorRolloutWorker(_ModelRole):
+    """The policy: generation, log-probs, PPO update."""
+
+    mesh_name = "actor"
+    key_prefix = "actor_rollout_ref.actor"
+
+    def _model_cfg(self) -> dict:
+        return self.config["actor_rollout_ref"]["model"]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def init_model(self) -> None:
+        arr = self.config["actor_rollout_ref"]
+        actor_cfg = arr["actor"]
+        self._build("causal_lm", arr["model"], actor_cfg, with_optimizer=True)
+        n = int(arr["rollout"]["n"])
+        flat = per_rank_sizes(actor_cfg, n, self.parallel.dims.dp_size, self.key_prefix)
+        rollout = arr["rollout"]
+        flat.update(
+            use_remove_padding=bool(arr["model"].get("use_remove_padding", False)),
+            log_prob_micro_batch_size_per_gpu=rollout.get("log_prob_micro_batch_size_per_gpu"),
+            log_prob_use_dynamic_bsz=rollout.get("log_prob_use_dynamic_bsz", False),
+            log_prob_max_token_len_per_gpu=rollout.get("log_prob_max_token_len_per_gpu"),
+            seed=int(self.config["trainer"]["seed"]),
+        )
+        self.actor = DataParallelPPOActor(flat, self.module, self.optimizer, **self._groups())
+        from rlflow.workers.rollout import get_rollout_class
+
+        self.tokenizer = load_tokenizer(model_path(arr["model"]))
+        rollout_cls = get_rollout_class(rollout["name"])
+        self.rollout = rollout_cls(self.module, rollout, self.tokenizer, dp_rank=self.parallel.dims.dp_rank)
+        self.custom_adv_fn = _custom_advantage_fn(self.config)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        metrics: dict[str, float] = {}
+        with timed_call("actor/generate", metrics):
+            out = self.rollout.generate_sequences(prompts)
+        out.meta_info.setdefault("metrics", {}).update(metrics)
+        return out
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        metrics: dict[str, float] = {}
+        with timed_call("actor/compute_log_prob", metrics, int(data.batch["attention_mask"].sum())):
+            log_probs, entropy = self.actor.compute_log_prob(data, calculate_entropy=True)
+        mask = data.batch["response_mask"].to(entropy.dtype)
+        stats = torch.stack([(entropy * mask).sum(), mask.sum()]).double()
+        if self.parallel.dims.dp_size > 1:
+            torch.distributed.all_reduce(stats, group=self.parallel.dp_group)
+        metrics["actor/entropy"] = float(stats[0] / stats[1].clamp(min=1))
+        return DataProto.from_dict(tensors={"old_log_probs": log_probs}, meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
+    def update_actor(self, data: DataProto, values: DataProto | None = None) -> DataProto:
+        """PPO update. With ``values`` (the critic's future, materialised here) the advantages are
+        computed on the gathered batch first; without, the batch already carries them."""
+        metrics: dict[str, float] = {}
+        if values is not None:
+            data.batch["values"] = values.batch["values"]
+            algorithm = self.config["algorithm"]
+            g = gathered_advantages(
+                data,
+                self.parallel.dp_group,
+                self.parallel.dims.dp_rank,
+                lambda full: compute_advantage(full, algorithm, self.custom_adv_fn),
+            )
+            data.batch["advantages"] = g.advantages
+            metrics.update(advantage_metrics(g.full, g.full_advantages, g.full_returns))
+        with timed_call("actor/update", metrics, int(data.batch["attention_mask"].sum())):
+            metrics.update(self.actor.update_policy(data))
+        metrics["actor/lr"] = self._lr()
+        self.lr_scheduler.step()
+        return metrics_proto(len(data), metrics)
+
+
+class RefWorker(_ModelRole):
+    """The frozen reference policy."""
+
+    mesh_name = "ref"
+    key_prefix = "actor_rollout_ref.ref"
+
+    def _model_cfg(self) -> dict:
+        return self.config["actor_rollout_ref"]["model"]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def init_model(self) -> None:
+        arr = self.config["actor_rollout_ref"]
+        section = {**arr["ref"], "strategy": arr["actor"]["strategy"]}
+        self._build("causal_lm", arr["model"], section, with_optimizer=False)
+        flat = dict(arr["ref"])
+        flat["use_remove_padding"] = bool(arr["model"].get("use_remove_padding", False))
+        self.ref = DataParallelPPOActor(flat, self.module, None, **self._groups())
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("ref"))
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        log_probs, _ = self.ref.compute_log_prob(data)
+        return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
+
+
+class CriticWorker(_ModelRole):
+    """The value model: values as a future, the clipped value-loss update."""
+
+    mesh_name = "critic"
+    key_prefix = "critic"
+
+    def _model_cfg(self) -> dict:
+        return self.config["critic"]["model"]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def init_model(self) -> None:
+        critic_cfg = self.config["critic"]
+        self._build("value", critic_cfg["model"], critic_cfg, with_optimizer=True)
+        n = int(self.config["actor_rollout_ref"]["rollout"]["n"])
+        flat = per_rank_sizes(critic_cfg, n, self.parallel.dims.dp_size, self.key_prefix)
+        flat["seed"] = int(self.config["trainer"]["seed"])
+        self.critic = DataParallelPPOCritic(flat, self.module, self.optimizer, **self._groups())
+        self.custom_adv_fn = _custom_advantage_fn(self.config)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("critic"), blocking=False)
+    def compute_values(self, data: DataProto) -> DataProto:
+        values = self.critic.compute_values(data)
+        return DataProto.from_dict(tensors={"values": values})
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("critic"))
+    def update_critic(self, data: DataProto, values: DataProto) -> DataProto:
+        """Returns from the same values future (on the gathered batch), then the value update."""
+        data.batch["values"] = values.batch["values"]
+        algorithm = self.config["algorithm"]
+        g = gathered_advantages(
+            data,
+            self.parallel.dp_group,
+            self.parallel.dims.dp_rank,
+            lambda full: compute_advantage(full, algorithm, self.custom_adv_fn),
+        )
+        data.batch["returns"] = g.returns
+        metrics: dict[str, float] = {}
+        stats = explained_variance_stats(
+            g.full_returns, g.full.batch["values"], g.full.batch["response_mask"]
+        )
+        metrics["critic/vf_explained_var"] = explained_variance_from_stats(stats)
+        with timed_call("critic/update", metrics, int(data.batch["attention_mask"].sum())):
+            metrics.update(self.critic.update_critic(data))
+        metrics["critic/lr"] = self._lr()
+        self.lr_scheduler.step()
+        return metrics_proto(len(data), metrics)
+
+
+class RewardModelWorker(_ModelRole):
+    """A sequence-classification reward model; scores go at the last valid response token."""
+
+    mesh_name = "reward_model"
+    key_prefix = "reward_model"
+
+    def _model_cfg(self) -> dict:
+        return self.config["reward_model"]["model"]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def init_model(self) -> None:
+        from rlflow.utils.distributed import init_distributed
+
+        init_distributed()
+        self.register_dispatch_info(self.mesh_name, self.rank, True)
+        model_cfg = self.config["reward_model"]["model"]
+        self.module = load_reward_model(
+            model_path(model_cfg), trust_remote_code=bool(model_cfg.get("trust_remote_code"))
+        )
+        self.module.eval()
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("reward_model"))
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        from rlflow.workers.reward.reward_model import compute_rm_score
+
+        with torch.no_grad():
+            scores = compute_rm_score(
+                self.module,
+                data.batch["input_ids"],
+                data.batch["attention_mask"],
+                data.batch["position_ids"],
+                data.batch["responses"].shape[-1],
+            )
+        return DataProto.from_dict(tensors={"rm_scores": scores})
