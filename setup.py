@@ -36,7 +36,9 @@ setup(
     version="0.1.0",
     description="Reinforcement learning for language models: PPO with a critic, GRPO and friends, "
     "on a Ray single controller with FSDP workers.",
-    long_description=(ROOT / "README.md").read_text(encoding="utf-8") if (ROOT / "README.md").exists() else "",
+    long_description=(ROOT / "README.md").read_text(encoding="utf-8")
+    if (ROOT / "README.md").exists()
+    else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=[*find_packages(include=["rlflow", "rlflow.*"]), "rlflow.config"],

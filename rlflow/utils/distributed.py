@@ -169,4 +169,6 @@ def spawn_workers(fn: Callable[..., Any], world_size: int, args: tuple = ()) -> 
 
     with tempfile.TemporaryDirectory() as out_dir:
         mp.spawn(_spawn_entry, args=(fn, world_size, find_free_port(), out_dir, args), nprocs=world_size)
-        return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
+        return [
+            torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)
+        ]
