@@ -25,7 +25,7 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS = {
-    "test": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6"],
+    "test": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6", "tensorboard>=2.14"],
     "vllm": ["vllm>=0.33.0"],
     "gpu": ["flash-attn>=2.6"],
     "logging": ["tensorboard>=2.14", "wandb>=0.17"],
