@@ -181,3 +181,33 @@ def test_golden_metrics(tmp_path):
         assert sorted(got) == sorted(want)
         for key, value in want.items():
             assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+def test_reward_model_group_scores_the_responses(tmp_path):
+    """``reward_model.enable``: a sequence-classification model in its own colocated group replaces the
+    rule score; its score sits at the last valid response token."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from rlflow.models.loader import load_tokenizer
+    from rlflow.models.tiny import get_tiny_model_path
+
+    base = get_tiny_model_path()
+    config = AutoConfig.from_pretrained(base)
+    config.num_labels = 1
+    torch.manual_seed(0)
+    rm = AutoModelForSequenceClassification.from_config(config)
+    rm_dir = tmp_path / "rm"
+    rm.save_pretrained(rm_dir)
+    load_tokenizer(base).save_pretrained(rm_dir)
+    cfg = load_config(
+        _overrides(
+            tmp_path,
+            "trainer.total_training_steps=1",
+            "reward_model.enable=true",
+            f"reward_model.model.path={rm_dir}",
+        )
+    )
+    last = run_ppo(cfg)["history"][-1]
+    # A random reward head gives small non-zero real-valued scores, unlike the rule score (0 on this step).
+    assert last["critic/score/mean"] != 0.0
+    assert abs(last["critic/score/mean"]) < 5.0
