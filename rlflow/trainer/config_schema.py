@@ -395,6 +395,8 @@ class TrainerConfig:
         resume_mode: auto | disable | resume_path (then ``resume_from_path`` is the checkpoint dir).
         peak_tflops: peak TFLOP/s of one worker for the MFU; None = datasheet table on GPU, measured
             matmul rate on CPU.
+        validation_data_dir: write each validation's prompts, responses and scores to
+            ``<dir>/<step>.jsonl`` (read them with ``python scripts/view_rollouts.py``); None = off.
     """
 
     project_name: str = "rlflow"
@@ -420,6 +422,7 @@ class TrainerConfig:
     seed: int = 1
     placement_timeout_s: float = 60
     peak_tflops: float | None = None
+    validation_data_dir: str | None = None
 
 
 @dataclass

@@ -153,12 +153,18 @@ def test_custom_advantage_function_end_to_end(tmp_path):
 
 
 def test_grpo_without_critic(tmp_path):
+    from rlflow.utils.rollout_viewer import load_rollouts
+
+    gens = tmp_path / "gens"
     cfg = load_config(
         _overrides(
             tmp_path,
             "algorithm.adv_estimator=grpo",
             "actor_rollout_ref.rollout.n=2",
             "trainer.total_training_steps=1",
+            "trainer.test_freq=1",
+            "data.val_batch_size=100",
+            f"trainer.validation_data_dir={gens}",
         )
     )
     result = run_ppo(cfg)
@@ -166,6 +172,12 @@ def test_grpo_without_critic(tmp_path):
     assert "critic/vf_loss" not in last
     assert "actor/pg_loss" in last and math.isfinite(last["actor/pg_loss"])
     assert "critic/advantages/mean" in last
+    rows = load_rollouts(gens / "1.jsonl")
+    assert len(rows) == 256  # the whole validation split, over 3 validation batches
+    assert {"prompt", "response", "score", "ground_truth", "data_source"} <= set(rows[0])
+    assert "repeat" in rows[0]["prompt"]
+    mean = sum(r["score"] for r in rows) / len(rows)
+    assert mean == pytest.approx(last["val-core/rlflow/repeat/reward/mean@1"], abs=1e-6)
 
 
 def test_golden_metrics(tmp_path):

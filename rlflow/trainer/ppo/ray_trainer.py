@@ -305,6 +305,8 @@ class RayPPOTrainer:
         if self.val_dataloader is None:
             return {}
         scores: dict[str, list[float]] = {}
+        dump_dir = self.config.trainer.validation_data_dir
+        dumped: list[tuple[DataProto, list[float]]] = []
         for raw in self.val_dataloader:
             batch = DataProto.from_single_dict(raw)
             gen_batch = batch.pop(batch_keys=["input_ids", "attention_mask", "position_ids"])
@@ -320,7 +322,31 @@ class RayPPOTrainer:
             )
             for src, s in zip(sources, seq_scores):
                 scores.setdefault(str(src), []).append(float(s))
+            if dump_dir:
+                dumped.append((batch, seq_scores))
+        if dumped:
+            self._dump_generations(str(dump_dir), dumped)
         return {f"val-core/{src}/reward/mean@1": float(np.mean(v)) for src, v in scores.items()}
+
+    def _dump_generations(self, out_dir: str, parts: list[tuple[DataProto, list[float]]]) -> None:
+        """Decoded prompts and responses with their scores, for ``scripts/view_rollouts.py``."""
+        from rlflow.utils.rollout_viewer import dump_generations
+
+        batch = DataProto.concat([b.select(meta_info_keys=[]) for b, _ in parts])
+        scores = [s for _, part in parts for s in part]
+        prompt_len = batch.batch["prompts"].shape[-1]
+        mask = batch.batch["attention_mask"].bool()
+        decode = self.tokenizer.decode
+        prompts = [decode(ids[m[:prompt_len]].tolist()) for ids, m in zip(batch.batch["prompts"], mask)]
+        responses = [decode(ids[m[prompt_len:]].tolist()) for ids, m in zip(batch.batch["responses"], mask)]
+        extra = {}
+        if "reward_model" in batch.non_tensor_batch:
+            extra["ground_truth"] = [
+                str(r.get("ground_truth")) for r in batch.non_tensor_batch["reward_model"]
+            ]
+        if "data_source" in batch.non_tensor_batch:
+            extra["data_source"] = [str(x) for x in batch.non_tensor_batch["data_source"]]
+        dump_generations(out_dir, self.global_steps, prompts, responses, scores, extra)
 
     # ---- checkpoints ----------------------------------------------------------------------------------
 
