@@ -40,7 +40,7 @@ def _leaf_keys(node: dict, prefix: str = "") -> list[str]:
     keys: list[str] = []
     for key, value in node.items():
         path = f"{prefix}.{key}" if prefix else key
-        keys += _leaf_keys(value, path) if isinstance(value, dict) else [path]
+        keys += _leaf_keys(value, path) if isinstance(value, dict) and value else [path]
     return keys
 
 

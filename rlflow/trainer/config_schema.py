@@ -351,6 +351,14 @@ class CustomFunctionConfig:
 
 
 @dataclass
+class CustomRewardFunctionConfig(CustomFunctionConfig):
+    """``custom_reward_function``: the user's score function, plus ``reward_kwargs`` passed to every call."""
+
+    name: str | None = "compute_score"
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class KLCtrlConfig:
     """``algorithm.kl_ctrl``: in-reward KL coefficient, fixed | adaptive (Ziegler et al. 2019)."""
 
@@ -442,9 +450,7 @@ class PPOTrainerConfig:
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
-    custom_reward_function: CustomFunctionConfig = field(
-        default_factory=lambda: CustomFunctionConfig(name="compute_score")
-    )
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray_init: RayInitConfig = field(default_factory=RayInitConfig)

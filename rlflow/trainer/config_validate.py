@@ -106,6 +106,10 @@ def _world_size(cfg: DictConfig) -> int:
 # --------------------------------------------------------------------------- groups
 
 
+FREE_FORM_KEYS = {"custom_reward_function.reward_kwargs"}
+"""Mappings whose keys are the user's own (set them with ``+custom_reward_function.reward_kwargs.k=v``)."""
+
+
 @functools.cache
 def _schema_tree() -> dict:
     """The default config as nested dicts: the key tree of the schema (built once, it is slow)."""
@@ -121,7 +125,7 @@ def _check_known_keys(tree: dict, schema: dict, prefix: str = "") -> None:
                 f"{path} is not a config key (appended with '+'?); keys of {prefix or 'the root'}: "
                 f"{sorted(schema)}"
             )
-        if isinstance(value, dict) and isinstance(schema[key], dict):
+        if isinstance(value, dict) and isinstance(schema[key], dict) and path not in FREE_FORM_KEYS:
             _check_known_keys(value, schema[key], path)
 
 
@@ -296,6 +300,14 @@ def _check_critic(cfg: DictConfig) -> None:
 
 
 def _check_reward_model(cfg: DictConfig) -> None:
+    manager = value_at(cfg, "reward_model.reward_manager")
+    if manager != "naive":
+        raise ValueError(f"reward_model.reward_manager={manager!r}: only 'naive' is implemented")
+    if flag(cfg, "reward_model.launch_reward_fn_async"):
+        raise ValueError(
+            "reward_model.launch_reward_fn_async=true is not supported; use reward_model.num_workers for a "
+            "process pool instead"
+        )
     at_least(cfg, "reward_model.num_workers", 0)
     positive(cfg, "reward_model.timeout_s", allow_none=True)
     number(cfg, "reward_model.timeout_score")

@@ -67,11 +67,16 @@ def build_data(cfg: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
     train = RLHFDataset(_files(cfg.data.train_files), tokenizer, data_cfg)
     val = RLHFDataset(_files(cfg.data.val_files), tokenizer, data_cfg)
+    workers = int(cfg.data.dataloader_num_workers)
     train_loader = create_rl_dataloader(
-        train, int(cfg.data.train_batch_size), shuffle=bool(cfg.data.shuffle), seed=int(cfg.data.seed)
+        train,
+        int(cfg.data.train_batch_size),
+        shuffle=bool(cfg.data.shuffle),
+        seed=int(cfg.data.seed),
+        num_workers=workers,
     )
     val_bs = int(cfg.data.val_batch_size or len(val))
-    val_loader = create_rl_dataloader(val, val_bs, shuffle=False, drop_last=False)
+    val_loader = create_rl_dataloader(val, val_bs, shuffle=False, drop_last=False, num_workers=workers)
     return train_loader, val_loader
 
 
@@ -116,7 +121,11 @@ def build_trainer(cfg: DictConfig, tracker: Any | None = None) -> Any:
     from rlflow.trainer.ppo.ray_trainer import RayPPOTrainer
 
     cfg = prepare_config(cfg)
-    tokenizer = load_tokenizer(str(cfg.actor_rollout_ref.model.path))
+    model = cfg.actor_rollout_ref.model
+    tokenizer = load_tokenizer(
+        str(cfg.data.tokenizer or model.tokenizer_path or model.path),
+        trust_remote_code=bool(model.trust_remote_code),
+    )
     train_loader, val_loader = build_data(cfg, tokenizer)
     reward_fn, val_reward_fn = build_reward_fns(cfg, tokenizer)
     custom_adv = None

@@ -15,6 +15,7 @@ each worker registers, Ulysses peers get the same samples and only sp-rank-0 out
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from rlflow.utils.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from rlflow.utils.optim import build_lr_scheduler, build_optimizer
 from rlflow.workers.actor import DataParallelPPOActor
 from rlflow.workers.critic import DataParallelPPOCritic
+from rlflow.workers.fsdp_utils import load_optimizer_to_device, offload_optimizer_to_cpu
 from rlflow.workers.role_utils import (
     build_role_module,
     gathered_advantages,
@@ -36,6 +38,7 @@ from rlflow.workers.role_utils import (
     per_rank_sizes,
     setup_role_parallel,
     timed_call,
+    tokenizer_path,
 )
 
 logger = logging.getLogger(__name__)
@@ -98,18 +101,45 @@ class _ModelRole(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str, global_step: int = 0) -> None:
+        """Sharded model, optimizer, scheduler and RNG, plus ``huggingface/`` (config and tokenizer of the
+        base model) so that ``python -m rlflow.model_merger`` needs nothing else."""
+        self._load_optimizer()
         save_checkpoint(
             path, self.module, self.optimizer, self.lr_scheduler, extra_state={"global_step": global_step}
         )
+        self._offload_optimizer()
+        if self.rank == 0:
+            from transformers import AutoConfig
+
+            model_cfg = self._model_cfg()
+            hf_dir = os.path.join(path, "huggingface")
+            trust = bool(model_cfg.get("trust_remote_code"))
+            AutoConfig.from_pretrained(model_path(model_cfg), trust_remote_code=trust).save_pretrained(hf_dir)
+            load_tokenizer(tokenizer_path(model_cfg), trust_remote_code=trust).save_pretrained(hf_dir)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
+        self._load_optimizer()
         load_checkpoint(path, self.module, self.optimizer, self.lr_scheduler)
+        self._offload_optimizer()
+
+    def _offload_optimizer(self) -> None:
+        """``fsdp_config.optimizer_offload``: keep the optimizer state on CPU between updates (GPU runs;
+        a logged no-op on CPU, where it already is)."""
+        if self.optimizer is not None and self._fsdp_cfg().get("optimizer_offload", False):
+            offload_optimizer_to_cpu(self.optimizer)
+
+    def _load_optimizer(self) -> None:
+        if self.optimizer is not None and self._fsdp_cfg().get("optimizer_offload", False):
+            load_optimizer_to_device(self.optimizer)
+
+    def _fsdp_cfg(self) -> dict:
+        return {}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def export_hf(self, out_dir: str) -> None:
         """Write a HF model directory (with the tokenizer) that ``from_pretrained`` loads."""
-        tokenizer = load_tokenizer(model_path(self._model_cfg()))
+        tokenizer = load_tokenizer(tokenizer_path(self._model_cfg()))
         export_hf(self.module, tokenizer, out_dir)
 
     def _model_cfg(self) -> dict:
@@ -124,6 +154,9 @@ class ActorRolloutWorker(_ModelRole):
 
     def _model_cfg(self) -> dict:
         return self.config["actor_rollout_ref"]["model"]
+
+    def _fsdp_cfg(self) -> dict:
+        return self.config["actor_rollout_ref"]["actor"].get("fsdp_config") or {}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def init_model(self) -> None:
@@ -143,10 +176,14 @@ class ActorRolloutWorker(_ModelRole):
         self.actor = DataParallelPPOActor(flat, self.module, self.optimizer, **self._groups())
         from rlflow.workers.rollout import get_rollout_class
 
-        self.tokenizer = load_tokenizer(model_path(arr["model"]))
+        self.tokenizer = load_tokenizer(tokenizer_path(arr["model"]))
         rollout_cls = get_rollout_class(rollout["name"])
-        self.rollout = rollout_cls(self.module, rollout, self.tokenizer, dp_rank=self.parallel.dims.dp_rank)
+        extra = {"model_path": model_path(arr["model"])} if rollout["name"] == "vllm" else {}
+        self.rollout = rollout_cls(
+            self.module, rollout, self.tokenizer, dp_rank=self.parallel.dims.dp_rank, **extra
+        )
         self.custom_adv_fn = _custom_advantage_fn(self.config)
+        self._offload_optimizer()
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -184,8 +221,10 @@ class ActorRolloutWorker(_ModelRole):
             )
             data.batch["advantages"] = g.advantages
             metrics.update(advantage_metrics(g.full, g.full_advantages, g.full_returns))
+        self._load_optimizer()
         with timed_call("actor/update", metrics, int(data.batch["attention_mask"].sum())):
             metrics.update(self.actor.update_policy(data))
+        self._offload_optimizer()
         metrics["actor/lr"] = self._lr()
         self.lr_scheduler.step()
         return metrics_proto(len(data), metrics)
@@ -224,6 +263,9 @@ class CriticWorker(_ModelRole):
     def _model_cfg(self) -> dict:
         return self.config["critic"]["model"]
 
+    def _fsdp_cfg(self) -> dict:
+        return self.config["critic"].get("fsdp_config") or {}
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def init_model(self) -> None:
         critic_cfg = self.config["critic"]
@@ -233,6 +275,7 @@ class CriticWorker(_ModelRole):
         flat["seed"] = int(self.config["trainer"]["seed"])
         self.critic = DataParallelPPOCritic(flat, self.module, self.optimizer, **self._groups())
         self.custom_adv_fn = _custom_advantage_fn(self.config)
+        self._offload_optimizer()
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("critic"), blocking=False)
     def compute_values(self, data: DataProto) -> DataProto:
@@ -256,15 +299,21 @@ class CriticWorker(_ModelRole):
             g.full_returns, g.full.batch["values"], g.full.batch["response_mask"]
         )
         metrics["critic/vf_explained_var"] = explained_variance_from_stats(stats)
+        self._load_optimizer()
         with timed_call("critic/update", metrics, int(data.batch["attention_mask"].sum())):
             metrics.update(self.critic.update_critic(data))
+        self._offload_optimizer()
         metrics["critic/lr"] = self._lr()
         self.lr_scheduler.step()
         return metrics_proto(len(data), metrics)
 
 
 class RewardModelWorker(_ModelRole):
-    """A sequence-classification reward model; scores go at the last valid response token."""
+    """A sequence-classification reward model; scores go at the last valid response token.
+
+    Inference only: every rank holds a full copy (no FSDP) and scores its share of the samples in
+    micro-batches of ``reward_model.micro_batch_size_per_gpu``. It must share the policy's tokenizer.
+    """
 
     mesh_name = "reward_model"
     key_prefix = "reward_model"
@@ -288,12 +337,17 @@ class RewardModelWorker(_ModelRole):
     def compute_rm_score(self, data: DataProto) -> DataProto:
         from rlflow.workers.reward.reward_model import compute_rm_score
 
+        micro = int(self.config["reward_model"]["micro_batch_size_per_gpu"])
+        parts = []
         with torch.no_grad():
-            scores = compute_rm_score(
-                self.module,
-                data.batch["input_ids"],
-                data.batch["attention_mask"],
-                data.batch["position_ids"],
-                data.batch["responses"].shape[-1],
-            )
-        return DataProto.from_dict(tensors={"rm_scores": scores})
+            for mb in data.batch.split(micro):
+                parts.append(
+                    compute_rm_score(
+                        self.module,
+                        mb["input_ids"],
+                        mb["attention_mask"],
+                        mb["position_ids"],
+                        mb["responses"].shape[-1],
+                    )
+                )
+        return DataProto.from_dict(tensors={"rm_scores": torch.cat(parts)})

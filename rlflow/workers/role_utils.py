@@ -30,6 +30,7 @@ __all__ = [
     "model_path",
     "per_rank_sizes",
     "timed_call",
+    "tokenizer_path",
 ]
 
 TINY_MODEL = "rlflow://tiny"
@@ -38,6 +39,11 @@ TINY_MODEL = "rlflow://tiny"
 def model_path(model_cfg: dict) -> str:
     """The model directory (``null`` → the embedded tiny model, created on first use)."""
     return resolve_model_path(model_cfg.get("path") or TINY_MODEL)
+
+
+def tokenizer_path(model_cfg: dict) -> str:
+    """``tokenizer_path`` when set, else the model directory."""
+    return resolve_model_path(model_cfg.get("tokenizer_path") or model_cfg.get("path") or TINY_MODEL)
 
 
 @dataclass
@@ -113,6 +119,7 @@ def build_role_module(
         strategy=str(section.get("strategy", "fsdp2")),
         mixed_precision=fsdp_cfg.get("mixed_precision"),
         cpu_offload=bool(fsdp_cfg.get("param_offload", False)),
+        reshard_after_forward=bool(fsdp_cfg.get("reshard_after_forward", True)),
         enable_gradient_checkpointing=bool(model_cfg.get("enable_gradient_checkpointing", False)),
     )
 

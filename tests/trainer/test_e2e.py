@@ -118,6 +118,21 @@ def test_exact_resume_at_epoch_boundary(tmp_path):
         for key, value in want[step].items():
             assert got[step][key] == pytest.approx(value, rel=1e-6, abs=1e-7), (step, key)
 
+    # The trainer's checkpoints export to HF directories with nothing but the checkpoint itself.
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+
+    from rlflow.model_merger import merge_checkpoint
+
+    step_dir = part / "ckpt" / "global_step_4"
+    actor = AutoModelForCausalLM.from_pretrained(merge_checkpoint(step_dir / "actor", tmp_path / "hf_actor"))
+    critic = AutoModelForTokenClassification.from_pretrained(
+        merge_checkpoint(step_dir, tmp_path / "hf_critic", role="critic")
+    )
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf_actor")
+    ids = torch.tensor([tokenizer.encode("repeat c x4")])
+    assert actor(ids).logits.shape[-1] >= len(tokenizer)
+    assert critic(ids).logits.shape == (1, ids.shape[1], 1)
+
 
 CUSTOM_ADV = """
 MARKER = "{marker}"
@@ -244,3 +259,41 @@ def test_tiny_ppo_beats_random_init_baseline_by_a_wide_margin(tmp_path):
     after = history[-1][key]
     assert before <= 0.01
     assert after >= 0.1, f"validation score after 40 steps: {after}"
+
+
+CUSTOM_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):
+    # 1 for every response that starts with a letter of the task's alphabet, plus the configured bonus
+    return (1.0 if solution_str[:1] in "abcde" else 0.0) + bonus
+"""
+
+
+def test_kl_in_reward_kl_loss_and_custom_reward(tmp_path):
+    """Reference group + adaptive in-reward KL + KL loss, with a user reward function and its kwargs."""
+    path = tmp_path / "reward.py"
+    path.write_text(CUSTOM_REWARD)
+    cfg = load_config(
+        _overrides(
+            tmp_path,
+            "algorithm.use_kl_in_reward=true",
+            "algorithm.kl_ctrl.type=adaptive",
+            "algorithm.kl_ctrl.kl_coef=0.05",
+            "algorithm.kl_penalty=low_var_kl",  # k3 >= 0 per token
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            f"custom_reward_function.path={path}",
+            "+custom_reward_function.reward_kwargs.bonus=0.25",
+        )
+    )
+    history = run_ppo(cfg)["history"]
+    first, second = history[0], history[1]
+    # Scores come from the user function: 0.25 bonus plus 1 for responses starting with a-e.
+    assert first["critic/score/min"] >= 0.25
+    assert first["critic/score/max"] <= 1.25
+    # Step 1: the actor equals the reference, so the KL penalty is exactly 0 and rewards equal scores.
+    assert first["actor/reward_kl_penalty"] == pytest.approx(0.0, abs=1e-6)
+    assert first["critic/rewards/mean"] == pytest.approx(first["critic/score/mean"], abs=1e-6)
+    # Step 2: the actor moved, the (k3) KL is positive and the adaptive coefficient moved off 0.05.
+    assert second["actor/reward_kl_penalty"] > 0
+    assert second["actor/reward_kl_penalty_coeff"] != pytest.approx(0.05, rel=1e-9)
+    assert second["critic/rewards/mean"] < second["critic/score/mean"]
+    assert math.isfinite(second["actor/kl_loss"]) and second["actor/kl_loss"] >= 0

@@ -35,6 +35,7 @@ from rlflow.trainer.ppo.metrics import (
 )
 from rlflow.trainer.ppo.roles import WorkerGroups, build_worker_groups
 from rlflow.utils.seqlen_balancing import balance_batch_across_dp
+from rlflow.utils.tracking import ProgressBar
 
 logger = logging.getLogger(__name__)
 
@@ -148,14 +149,16 @@ class RayPPOTrainer:
             last = self._validate()
             self._log(last, step=0)
         epoch = self.global_steps // max(len(self.train_dataloader), 1)
-        while self.global_steps < self.total_training_steps:
-            for raw in self.train_dataloader:
-                self.global_steps += 1
-                last = self.train_step(DataProto.from_single_dict(raw), epoch)
-                self._log(last, step=self.global_steps)
-                if self.global_steps >= self.total_training_steps:
-                    break
-            epoch += 1
+        with ProgressBar(self.total_training_steps, initial=self.global_steps, disable=None) as bar:
+            while self.global_steps < self.total_training_steps:
+                for raw in self.train_dataloader:
+                    self.global_steps += 1
+                    last = self.train_step(DataProto.from_single_dict(raw), epoch)
+                    self._log(last, step=self.global_steps)
+                    bar.update(last)
+                    if self.global_steps >= self.total_training_steps:
+                        break
+                epoch += 1
         return last
 
     def train_step(self, batch: DataProto, epoch: int = 0) -> dict[str, float]:
