@@ -18,9 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_installed_wheel_finds_its_configs(tmp_path):
     wheel_dir, target = tmp_path / "wheel", tmp_path / "site"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run(
-        [*pip, "wheel", str(REPO), "--no-deps", "-w", str(wheel_dir)], check=True
-    )
+    subprocess.run([*pip, "wheel", str(REPO), "--no-deps", "-w", str(wheel_dir)], check=True)
     wheel = glob.glob(str(wheel_dir / "rlflow-*.whl"))[0]
     subprocess.run([*pip, "install", "--no-deps", "--target", str(target), wheel], check=True)
     env = {**os.environ, "PYTHONPATH": str(target)}
