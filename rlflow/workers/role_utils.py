@@ -4,6 +4,7 @@ advantages on the gathered batch, and per-call performance metrics."""
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,6 +35,11 @@ __all__ = [
 ]
 
 TINY_MODEL = "rlflow://tiny"
+
+# FSDP2 warns when a wrapped module returns a view (an in-place op on it would skip the all-gather
+# hook). The value head's output is such a view; rlflow's forward code (rlflow.models.forward) never
+# modifies model outputs in place, so the warning is noise in every critic worker's log.
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
 
 def model_path(model_cfg: dict) -> str:
