@@ -12,21 +12,9 @@ from dataclasses import dataclass
 from omegaconf import DictConfig, OmegaConf
 
 from rlflow.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from rlflow.trainer.ppo.advantage import estimator_needs_critic
+from rlflow.trainer.config import need_critic, need_reference_policy
 
-__all__ = ["WorkerGroups", "build_worker_groups", "needs_critic", "needs_reference"]
-
-
-def needs_critic(config: DictConfig) -> bool:
-    """``critic.enable`` if set, else whether the advantage estimator uses values."""
-    if config.critic.enable is not None:
-        return bool(config.critic.enable)
-    return estimator_needs_critic(config.algorithm.adv_estimator)
-
-
-def needs_reference(config: DictConfig) -> bool:
-    """A reference policy exists only for a KL term (in the reward or as a loss)."""
-    return bool(config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
+__all__ = ["WorkerGroups", "build_worker_groups"]
 
 
 @dataclass
@@ -61,9 +49,9 @@ def build_worker_groups(config: DictConfig, total_training_steps: int) -> Worker
     from rlflow.workers.fsdp_workers import ActorRolloutWorker, CriticWorker, RefWorker, RewardModelWorker
 
     roles = ["actor"]
-    if needs_reference(config):
+    if need_reference_policy(config):
         roles.append("ref")
-    if needs_critic(config):
+    if need_critic(config):
         roles.append("critic")
     if config.reward_model.enable:
         roles.append("reward_model")
