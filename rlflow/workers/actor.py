@@ -7,13 +7,13 @@ through :mod:`rlflow.models.forward` and :mod:`rlflow.workers.ppo_loop`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from rlflow.models.forward import forward_micro_batch
 from rlflow.protocol import DataProto
+from rlflow.trainer.ppo._common import config_get
 from rlflow.trainer.ppo.core_algos import agg_loss, compute_kl_loss, get_policy_loss_fn
 from rlflow.workers.critic import response_mask_of
 from rlflow.workers.ppo_loop import (
@@ -28,14 +28,6 @@ from rlflow.workers.ppo_loop import (
 __all__ = ["DataParallelPPOActor"]
 
 _FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
-
-
-def _get(config: Any, key: str, default: Any = None) -> Any:
-    if config is None:
-        return default
-    if isinstance(config, Mapping):
-        return config.get(key, default)
-    return getattr(config, key, default)
 
 
 class DataParallelPPOActor:
@@ -66,8 +58,8 @@ class DataParallelPPOActor:
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.dp_group, self.sp_group, self.sync_group = dp_group, sp_group, sync_group
-        self.use_remove_padding = bool(_get(config, "use_remove_padding", False))
-        self.sp_size = int(_get(config, "ulysses_sequence_parallel_size", 1) or 1)
+        self.use_remove_padding = bool(config_get(config, "use_remove_padding", False))
+        self.sp_size = int(config_get(config, "ulysses_sequence_parallel_size", 1) or 1)
         self.skipped_steps = 0
 
     def _forward(self, micro: Any, temperature: float, calculate_entropy: bool) -> dict[str, torch.Tensor]:
@@ -112,9 +104,9 @@ class DataParallelPPOActor:
         batch = data.batch.select(*[k for k in _FORWARD_KEYS if k in data.batch.keys()])
         micro = self._micro(
             batch,
-            meta.get("use_dynamic_bsz", _get(self.config, "log_prob_use_dynamic_bsz", False)),
-            meta.get("micro_batch_size", _get(self.config, "log_prob_micro_batch_size_per_gpu")),
-            meta.get("max_token_len", _get(self.config, "log_prob_max_token_len_per_gpu")),
+            meta.get("use_dynamic_bsz", config_get(self.config, "log_prob_use_dynamic_bsz", False)),
+            meta.get("micro_batch_size", config_get(self.config, "log_prob_micro_batch_size_per_gpu")),
+            meta.get("max_token_len", config_get(self.config, "log_prob_max_token_len_per_gpu")),
         )
         outs = [self._forward(mb, temperature, calculate_entropy) for mb in micro.batches]
         mask = response_mask_of(data)
@@ -138,7 +130,7 @@ class DataParallelPPOActor:
             raise RuntimeError("update_policy needs an actor optimizer (the reference policy has none)")
         self.actor_module.train()
         keys = [*_FORWARD_KEYS, "old_log_probs", "advantages"]
-        if _get(self.config, "use_kl_loss", False):
+        if config_get(self.config, "use_kl_loss", False):
             keys.append("ref_log_prob")
         if "rollout_is_weights" in data.batch.keys():
             keys.append("rollout_is_weights")
@@ -146,20 +138,20 @@ class DataParallelPPOActor:
         data = DataProto(batch=data.batch.select(*keys), meta_info=data.meta_info)
         if "response_mask" not in data.batch.keys():
             data.batch["response_mask"] = response_mask_of(data)
-        seed = int(_get(self.config, "seed", 0) or 0) + int(data.meta_info.get("global_steps", 0))
+        seed = int(config_get(self.config, "seed", 0) or 0) + int(data.meta_info.get("global_steps", 0))
         temperature = float(data.meta_info.get("temperature", 1.0))
         acc, skipped = MetricAccumulator(), 0
         mini_iter = iter_mini_batches(
             data,
-            int(_get(self.config, "ppo_mini_batch_size")),
-            int(_get(self.config, "ppo_epochs", 1)),
-            bool(_get(self.config, "shuffle", False)),
+            int(config_get(self.config, "ppo_mini_batch_size")),
+            int(config_get(self.config, "ppo_epochs", 1)),
+            bool(config_get(self.config, "shuffle", False)),
             seed,
         )
         for _, mini in mini_iter:
             self._accumulate_mini_batch(mini, temperature, acc)
             grad_norm, stepped = optimizer_step(
-                self.actor_module, self.actor_optimizer, _get(self.config, "grad_clip")
+                self.actor_module, self.actor_optimizer, config_get(self.config, "grad_clip")
             )
             skipped += int(not stepped)
             acc.end_mini_batch(self.dp_group, extra={"actor/grad_norm": grad_norm})
@@ -177,15 +169,17 @@ class DataParallelPPOActor:
             "dp_size": group_size(self.dp_group),
             "loss_scale_factor": mini.batch["responses"].shape[-1],
         }
-        loss_agg_mode = _get(cfg, "loss_agg_mode", "token-mean")
-        entropy_coeff = float(_get(cfg, "entropy_coeff", 0.0) or 0.0)
-        use_kl_loss = bool(_get(cfg, "use_kl_loss", False))
-        policy_loss_fn = get_policy_loss_fn(_get(_get(cfg, "policy_loss", {}) or {}, "loss_mode", "vanilla"))
+        loss_agg_mode = config_get(cfg, "loss_agg_mode", "token-mean")
+        entropy_coeff = float(config_get(cfg, "entropy_coeff", 0.0) or 0.0)
+        use_kl_loss = bool(config_get(cfg, "use_kl_loss", False))
+        policy_loss_fn = get_policy_loss_fn(
+            config_get(config_get(cfg, "policy_loss", {}) or {}, "loss_mode", "vanilla")
+        )
         micro = self._micro(
             mini.batch,
-            _get(cfg, "use_dynamic_bsz", False),
-            _get(cfg, "ppo_micro_batch_size_per_gpu"),
-            _get(cfg, "ppo_max_token_len_per_gpu"),
+            config_get(cfg, "use_dynamic_bsz", False),
+            config_get(cfg, "ppo_micro_batch_size_per_gpu"),
+            config_get(cfg, "ppo_max_token_len_per_gpu"),
         )
         for mb in micro.batches:
             mask = mb["response_mask"]
@@ -210,11 +204,11 @@ class DataParallelPPOActor:
                     out["log_probs"],
                     mb["ref_log_prob"],
                     mask,
-                    _get(cfg, "kl_loss_type", "low_var_kl"),
+                    config_get(cfg, "kl_loss_type", "low_var_kl"),
                     loss_agg_mode,
                     **norm,
                 )
-                loss = loss + float(_get(cfg, "kl_loss_coef", 0.0)) * kl
+                loss = loss + float(config_get(cfg, "kl_loss_coef", 0.0)) * kl
                 acc.add_rank_share("actor/kl_loss", kl)
             loss.backward()
             n_tok = float(mask.sum())

@@ -10,13 +10,13 @@ lives in :mod:`rlflow.models.forward` and :mod:`rlflow.workers.ppo_loop`; this f
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from rlflow.models.forward import forward_micro_batch
 from rlflow.protocol import DataProto
+from rlflow.trainer.ppo._common import config_get
 from rlflow.trainer.ppo.core_algos import compute_value_loss
 from rlflow.utils.torch_functional import masked_mean
 from rlflow.workers.ppo_loop import (
@@ -31,12 +31,6 @@ from rlflow.workers.ppo_loop import (
 __all__ = ["DataParallelPPOCritic"]
 
 _FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
-
-
-def _get(config: Any, key: str, default: Any = None) -> Any:
-    if isinstance(config, Mapping):
-        return config.get(key, default)
-    return getattr(config, key, default)
 
 
 def response_mask_of(data: DataProto) -> torch.Tensor:
@@ -78,9 +72,11 @@ class DataParallelPPOCritic:
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
         self.dp_group, self.sp_group, self.sync_group = dp_group, sp_group, sync_group
-        self.use_remove_padding = bool(_get(_get(config, "model", {}) or {}, "use_remove_padding", False))
-        self.sp_size = int(_get(config, "ulysses_sequence_parallel_size", 1) or 1)
-        self.use_dynamic_bsz = bool(_get(config, "use_dynamic_bsz", False))
+        self.use_remove_padding = bool(
+            config_get(config_get(config, "model", {}) or {}, "use_remove_padding", False)
+        )
+        self.sp_size = int(config_get(config, "ulysses_sequence_parallel_size", 1) or 1)
+        self.use_dynamic_bsz = bool(config_get(config, "use_dynamic_bsz", False))
         self.skipped_steps = 0
 
     # ---- forward ---------------------------------------------------------------------------------------
@@ -96,11 +92,11 @@ class DataParallelPPOCritic:
         return out["values"]
 
     def _micro_batches(self, batch: Any, micro_key: str, token_key: str) -> Any:
-        max_len = _get(self.config, token_key)
+        max_len = config_get(self.config, token_key)
         return split_micro_batches(
             batch,
             use_dynamic_bsz=self.use_dynamic_bsz,
-            micro_batch_size=_get(self.config, micro_key),
+            micro_batch_size=config_get(self.config, micro_key),
             max_token_len=None if max_len is None else int(max_len) * self.sp_size,
             sync_group=self.sync_group,
         )
@@ -146,20 +142,20 @@ class DataParallelPPOCritic:
         data = DataProto(batch=data.batch.select(*keys), meta_info=data.meta_info)
         if "response_mask" not in data.batch.keys():
             data.batch["response_mask"] = response_mask_of(data)
-        seed = int(_get(self.config, "seed", 0) or 0) + int(data.meta_info.get("global_steps", 0))
+        seed = int(config_get(self.config, "seed", 0) or 0) + int(data.meta_info.get("global_steps", 0))
         acc = MetricAccumulator()
         skipped = 0
         mini_iter = iter_mini_batches(
             data,
-            int(_get(self.config, "ppo_mini_batch_size")),
-            int(_get(self.config, "ppo_epochs", 1)),
-            bool(_get(self.config, "shuffle", False)),
+            int(config_get(self.config, "ppo_mini_batch_size")),
+            int(config_get(self.config, "ppo_epochs", 1)),
+            bool(config_get(self.config, "shuffle", False)),
             seed,
         )
         for _, mini in mini_iter:
             self._accumulate_mini_batch(mini, acc)
             grad_norm, stepped = optimizer_step(
-                self.critic_module, self.critic_optimizer, _get(self.config, "grad_clip")
+                self.critic_module, self.critic_optimizer, config_get(self.config, "grad_clip")
             )
             skipped += int(not stepped)
             acc.end_mini_batch(self.dp_group, extra={"critic/grad_norm": grad_norm})
@@ -182,8 +178,8 @@ class DataParallelPPOCritic:
                 returns=mb["returns"],
                 values=mb["values"],
                 response_mask=mask,
-                cliprange_value=_get(self.config, "cliprange_value"),
-                loss_agg_mode=_get(self.config, "loss_agg_mode", "token-mean"),
+                cliprange_value=config_get(self.config, "cliprange_value"),
+                loss_agg_mode=config_get(self.config, "loss_agg_mode", "token-mean"),
                 global_token_num=tokens,
                 global_seq_num=seqs,
                 dp_size=dp_size,

@@ -7,17 +7,20 @@ from typing import Any
 
 import torch
 
-__all__ = ["Count"]
+__all__ = ["Count", "config_get"]
 
 Count = int | float | torch.Tensor
 
 
-def _cfg(config: Any, key: str, default: Any = None) -> Any:
+def config_get(config: Any, key: str, default: Any = None) -> Any:
     """``config.key`` for a dataclass / DictConfig / namespace / dict; ``default`` when absent or None."""
     if config is None:
         return default
     value = config.get(key, None) if isinstance(config, Mapping) else getattr(config, key, None)
     return default if value is None else value
+
+
+_cfg = config_get
 
 
 def _check_shapes(fn_name: str, response_mask: torch.Tensor, **tensors: torch.Tensor | None) -> None:

@@ -8,27 +8,20 @@ over the whole batch, whichever process runs it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
 from rlflow.protocol import DataProto
+from rlflow.trainer.ppo._common import config_get
 from rlflow.trainer.ppo.core_algos import get_adv_estimator_fn
 from rlflow.utils.torch_functional import masked_mean
 
 __all__ = ["advantage_metrics", "compute_advantage", "estimator_needs_critic"]
 
 CRITIC_ESTIMATORS = {"gae"}
-
-
-def _get(config: Any, key: str, default: Any = None) -> Any:
-    if config is None:
-        return default
-    if isinstance(config, Mapping):
-        return config.get(key, default)
-    return getattr(config, key, default)
 
 
 def estimator_needs_critic(adv_estimator: str) -> bool:
@@ -69,16 +62,16 @@ def compute_advantage(
     with torch.no_grad():
         if custom_fn is not None:
             return custom_fn(**inputs)
-        estimator = str(_get(algorithm, "adv_estimator", "gae"))
+        estimator = str(config_get(algorithm, "adv_estimator", "gae"))
         if estimator_needs_critic(estimator) and inputs["values"] is None:
             raise ValueError(
                 f"algorithm.adv_estimator={estimator} needs critic values but the batch has none"
             )
         extra = {
             "reward_baselines": batch["reward_baselines"] if "reward_baselines" in keys else None,
-            "gamma": _get(algorithm, "gamma", 1.0),
-            "lam": _get(algorithm, "lam", 1.0),
-            "norm_adv_by_std_in_grpo": _get(algorithm, "norm_adv_by_std_in_grpo", True),
+            "gamma": config_get(algorithm, "gamma", 1.0),
+            "lam": config_get(algorithm, "lam", 1.0),
+            "norm_adv_by_std_in_grpo": config_get(algorithm, "norm_adv_by_std_in_grpo", True),
         }
         if estimator == "remax" and extra["reward_baselines"] is None:
             raise ValueError("algorithm.adv_estimator=remax needs reward_baselines (greedy-response rewards)")
