@@ -493,7 +493,9 @@ def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataPr
     if pad_size == 0 or n == 0:
         return data, 0
     idx = np.arange(pad_size) % n
-    return DataProto.concat([data, data.select_idxs(idx)]), pad_size
+    padded = DataProto.concat([data, data.select_idxs(idx)])
+    padded.meta_info = dict(data.meta_info)  # concat would merge the copied part's metrics twice
+    return padded, pad_size
 
 
 def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:

@@ -197,9 +197,12 @@ def _chunk_future(future: DataProtoFuture, n_chunks: int) -> tuple[list[FutureSl
     for r in range(n_chunks):
         lo, hi = r * step, (r + 1) * step
         parts = future.slice_by_index(min(lo, n), min(hi, n)).parts
-        if hi > n:  # padded samples: indices n.. map to 0..
-            wrap_lo = max(lo, n) - n
-            parts = parts + future.slice_by_index(wrap_lo, hi - n).parts
+        start = max(lo, n)
+        while start < hi:  # padded samples: index i >= n stands for sample i % n (may wrap several times)
+            s = start % n
+            e = min(s + (hi - start), n)
+            parts = parts + future.slice_by_index(s, e).parts
+            start += e - s
         chunks.append(FutureSlice(parts=parts))
     return chunks, pad
 
@@ -269,13 +272,28 @@ def collect_all(outputs: list[Any]) -> list[Any]:
     return outputs
 
 
-def collect_dp_proto(outputs: list[Any], pad_size: int) -> DataProto:
+def collect_dp_proto(outputs: list[Any], pad_size: int, input_rows: int | None = None) -> DataProto:
+    """Concatenate the ranks' outputs and drop the rows that came from dispatch padding.
+
+    A method may return a fixed multiple of its input rows (e.g. ``n`` responses per prompt, repeated
+    in place); the padded inputs are the last ones, so their ``pad_size × multiple`` output rows are the
+    last rows and are dropped. ``input_rows`` is the padded number of input rows.
+    """
     for rank, out in enumerate(outputs):
         if not isinstance(out, DataProto):
             raise TypeError(
                 f"rank {rank} returned {type(out).__name__}; a DP_COMPUTE_PROTO method must return DataProto"
             )
-    return unpad_dataproto(DataProto.concat(outputs), pad_size)
+    joined = DataProto.concat(outputs)
+    multiple = 1
+    if pad_size and input_rows:
+        if len(joined) % input_rows:
+            raise ValueError(
+                f"data-parallel call returned {len(joined)} rows for {input_rows} padded input rows; "
+                "a method must return a whole multiple of its input rows"
+            )
+        multiple = len(joined) // input_rows
+    return unpad_dataproto(joined, pad_size * multiple)
 
 
 @dataclass

@@ -172,7 +172,12 @@ class RayWorkerGroup:
             refs_g = [refs[r] for r in gather]
             if not spec.blocking:
                 return future_from_refs(refs_g, dispatched.chunk_sizes, dispatched.pad_size)
-            return collect_dp_proto(self.wait(refs_g, gather), dispatched.pad_size)
+            # Wait on every rank, not only the gathered ones: a failing sequence-parallel peer must
+            # surface as its own error instead of leaving its collect rank stuck in a collective.
+            outputs = self.wait(refs, ranks)
+            return collect_dp_proto(
+                [outputs[r] for r in gather], dispatched.pad_size, sum(dispatched.chunk_sizes)
+            )
         collect = (lambda outs: outs[0]) if rank_zero else (lambda outs: outs)
         if not spec.blocking:
             return GroupFuture(self, refs, ranks, collect)

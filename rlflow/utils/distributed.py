@@ -115,7 +115,8 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
         raise ValueError(f"environment variable RANK={rank} must be in [0, WORLD_SIZE={world_size})")
     backend = backend or default_backend()
     if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
+        # Ray (and Slurm with GPU binding) shows each process only its own GPU: device 0.
+        torch.cuda.set_device(local_rank if torch.cuda.device_count() > 1 else 0)
     kwargs = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
     dist.init_process_group(backend=backend, rank=rank, world_size=world_size, **kwargs)
     return DistInfo(rank, world_size, local_rank, backend)

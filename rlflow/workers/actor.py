@@ -123,7 +123,7 @@ class DataParallelPPOActor:
 
         Returns:
             Metrics averaged over mini-batches: ``actor/pg_loss``, ``actor/pg_clipfrac``,
-            ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``, ``actor/entropy``, ``actor/kl_loss`` (when
+            ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``, ``actor/entropy_loss``, ``actor/kl_loss`` (when
             enabled), ``actor/grad_norm``, ``actor/skipped_steps``.
         """
         if self.actor_optimizer is None:
@@ -198,7 +198,7 @@ class DataParallelPPOActor:
             if entropy_coeff != 0:
                 entropy = agg_loss(out["entropy"], mask, loss_agg_mode, **norm)
                 loss = loss - entropy_coeff * entropy
-                acc.add_rank_share("actor/entropy", entropy)
+                acc.add_rank_share("actor/entropy_loss", entropy)
             if use_kl_loss:
                 kl = compute_kl_loss(
                     out["log_probs"],

@@ -242,7 +242,11 @@ class RefWorker(_ModelRole):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def init_model(self) -> None:
         arr = self.config["actor_rollout_ref"]
-        section = {**arr["ref"], "strategy": arr["actor"]["strategy"]}
+        # Same mesh layout and precision as the actor, so that ref and old log-probs differ only by the
+        # weights (a bf16 actor against an fp32 reference would show KL from precision alone).
+        actor_fsdp = arr["actor"].get("fsdp_config") or {}
+        fsdp = {**actor_fsdp, **(arr["ref"].get("fsdp_config") or {})}
+        section = {**arr["ref"], "strategy": arr["actor"]["strategy"], "fsdp_config": fsdp}
         self._build("causal_lm", arr["model"], section, with_optimizer=False)
         flat = dict(arr["ref"])
         flat["use_remove_padding"] = bool(arr["model"].get("use_remove_padding", False))

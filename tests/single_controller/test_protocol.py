@@ -201,3 +201,23 @@ def test_future_slices_route_by_index(ray_session):
     assert fut.get().non_tensor_batch["uid"].tolist() == [f"u{i}" for i in range(7)]
     with pytest.raises(ValueError, match="not divisible"):
         fut.chunk(2)
+
+
+def test_future_chunks_wrap_around_more_than_once():
+    """2 samples dispatched to 8 ranks: padded indices 2..7 stand for samples 0,1,0,1,0,1."""
+    from rlflow.single_controller.decorator import _chunk_future
+
+    future = DataProtoFuture(refs=["r0", "r1"], shard_sizes=[1, 1])
+    chunks, pad = _chunk_future(future, 8)
+    assert pad == 6
+    assert [c.parts for c in chunks] == [[("r0", 0, 1)], [("r1", 0, 1)]] + [
+        [("r0", 0, 1)],
+        [("r1", 0, 1)],
+    ] * 3
+
+
+def test_padding_does_not_duplicate_metrics():
+    data = DataProto.from_dict(tensors={"x": torch.arange(3)}, meta_info={"metrics": {"t": 1.0}})
+    padded, pad = pad_dataproto_to_divisor(data, 2)
+    assert pad == 1 and len(padded) == 4
+    assert padded.meta_info == {"metrics": {"t": 1.0}}

@@ -77,6 +77,11 @@ class EchoWorker(Worker):
             tensors={"z": data.batch["x"] + values.batch["y"], "rank": torch.full((len(data),), self.rank)}
         )
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def repeat_twice(self, data: DataProto) -> DataProto:
+        """Two output rows per input row (like n=2 responses per prompt), repeated in place."""
+        return data.repeat(2, interleave=True)
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO_WITH_FUNC)
     def apply(self, fn, data: DataProto) -> DataProto:
         return DataProto.from_dict(tensors={"y": fn(data.batch["x"])})
@@ -160,6 +165,23 @@ def test_dp_compute_proto_even_and_uneven(group2):
     assert out.batch["y"].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]
     assert out.batch["rank"].tolist() == [0, 0, 0, 1, 1]
     assert out.meta_info["metrics"] == {"n": [3, 3]}
+
+
+def test_padding_stripped_from_outputs_with_several_rows_per_input(group2):
+    out = group2.repeat_twice(_data(5))  # padded to 6 inputs -> 12 rows; the 2 rows of the pad dropped
+    assert out.batch["x"].tolist() == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 4.0]
+    assert out.non_tensor_batch["tag"].tolist() == [
+        "s0",
+        "s0",
+        "s1",
+        "s1",
+        "s2",
+        "s2",
+        "s3",
+        "s3",
+        "s4",
+        "s4",
+    ]
 
 
 def test_dp_compute_proto_with_func(group2):

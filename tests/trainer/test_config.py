@@ -436,3 +436,9 @@ def test_validate_accepts_a_dataclass_and_raises_no_assert():
     bad.trainer.critic_warmup = -3
     with pytest.raises(ValueError, match=re.escape("trainer.critic_warmup=-3")):
         validate_config(bad)
+
+
+def test_remax_is_refused_until_the_trainer_generates_baselines():
+    cfg = load_config(["algorithm.adv_estimator=remax"])
+    with pytest.raises(ValueError, match=r"^algorithm\.adv_estimator=remax needs a greedy baseline"):
+        validate_config(cfg, num_attention_heads=4, num_key_value_heads=2)

@@ -193,7 +193,8 @@ class RayPPOTrainer:
             if self._due(self.config.trainer.save_freq):
                 with _timer("save_checkpoint", timing):
                     self._save_checkpoint()
-        metrics.update(compute_data_metrics(batch))
+        metrics.update(self._gen_metrics)
+        metrics.update(compute_data_metrics(batch, eos_token_id=self._eos_token_ids()))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(self._throughput(batch, timing))
         return metrics
@@ -228,14 +229,30 @@ class RayPPOTrainer:
         gen_batch = batch.pop(batch_keys=["input_ids", "attention_mask", "position_ids"])
         gen_batch.meta_info.update(self._generation_meta(validate=False))
         out = self.groups.actor.generate_sequences(gen_batch)
+        self._gen_metrics = {k: float(np.mean(v)) for k, v in out.meta_info.get("metrics", {}).items()}
         out.meta_info = {}
         batch = batch.repeat(n, interleave=True).union(out)
         batch.meta_info["global_batch_size"] = len(batch)
         return batch
 
+    def _eos_token_ids(self) -> list[int]:
+        """The tokenizer's EOS and every EOS of the model's generation config (e.g. an end-of-turn token)."""
+        if not hasattr(self, "_eos_ids"):
+            from transformers import GenerationConfig
+
+            ids = [self.tokenizer.eos_token_id]
+            try:
+                gen = GenerationConfig.from_pretrained(str(self.config.actor_rollout_ref.model.path))
+                extra = gen.eos_token_id
+                ids += extra if isinstance(extra, list) else [extra]
+            except OSError:  # no generation_config.json
+                pass
+            self._eos_ids = sorted({int(i) for i in ids if i is not None})
+        return self._eos_ids
+
     def _generation_meta(self, validate: bool) -> dict[str, Any]:
         return {
-            "eos_token_id": self.tokenizer.eos_token_id,
+            "eos_token_id": self._eos_token_ids(),
             "pad_token_id": self.tokenizer.pad_token_id,
             "global_steps": self.global_steps,
             "validate": validate,
@@ -318,6 +335,8 @@ class RayPPOTrainer:
             out.meta_info = {}
             n = len(out) // len(batch)
             batch = batch.repeat(n, interleave=True).union(out)
+            if self.groups.reward_model is not None:
+                batch.union(self.groups.reward_model.compute_rm_score(batch).select(meta_info_keys=[]))
             result = self.val_reward_fn(batch, return_dict=True)
             seq_scores = result["reward_tensor"].sum(-1).tolist()
             sources = batch.non_tensor_batch.get(
