@@ -15,19 +15,17 @@ from rlflow.models.forward import forward_micro_batch
 from rlflow.protocol import DataProto
 from rlflow.trainer.ppo._common import config_get
 from rlflow.trainer.ppo.core_algos import agg_loss, compute_kl_loss, get_policy_loss_fn
-from rlflow.workers.critic import response_mask_of
 from rlflow.workers.ppo_loop import (
+    FORWARD_KEYS,
     MetricAccumulator,
-    global_loss_counts,
-    group_size,
-    iter_mini_batches,
-    optimizer_step,
+    loss_normalisers,
+    response_mask_of,
+    run_update,
+    select_update_batch,
     split_micro_batches,
 )
 
 __all__ = ["DataParallelPPOActor"]
-
-_FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
 
 
 class DataParallelPPOActor:
@@ -101,7 +99,7 @@ class DataParallelPPOActor:
         self.actor_module.eval()
         meta = data.meta_info
         temperature = float(meta.get("temperature", 1.0))
-        batch = data.batch.select(*[k for k in _FORWARD_KEYS if k in data.batch.keys()])
+        batch = data.batch.select(*[k for k in FORWARD_KEYS if k in data.batch.keys()])
         micro = self._micro(
             batch,
             meta.get("use_dynamic_bsz", config_get(self.config, "log_prob_use_dynamic_bsz", False)),
@@ -129,46 +127,26 @@ class DataParallelPPOActor:
         if self.actor_optimizer is None:
             raise RuntimeError("update_policy needs an actor optimizer (the reference policy has none)")
         self.actor_module.train()
-        keys = [*_FORWARD_KEYS, "old_log_probs", "advantages"]
+        keys = [*FORWARD_KEYS, "old_log_probs", "advantages", "rollout_is_weights"]
         if config_get(self.config, "use_kl_loss", False):
             keys.append("ref_log_prob")
-        if "rollout_is_weights" in data.batch.keys():
-            keys.append("rollout_is_weights")
-        keys = [k for k in keys if k in data.batch.keys()]
-        data = DataProto(batch=data.batch.select(*keys), meta_info=data.meta_info)
-        if "response_mask" not in data.batch.keys():
-            data.batch["response_mask"] = response_mask_of(data)
-        seed = int(config_get(self.config, "seed", 0) or 0) + int(data.meta_info.get("global_steps", 0))
+        data = select_update_batch(data, keys)
         temperature = float(data.meta_info.get("temperature", 1.0))
-        acc, skipped = MetricAccumulator(), 0
-        mini_iter = iter_mini_batches(
+        metrics, skipped = run_update(
             data,
-            int(config_get(self.config, "ppo_mini_batch_size")),
-            int(config_get(self.config, "ppo_epochs", 1)),
-            bool(config_get(self.config, "shuffle", False)),
-            seed,
+            self.config,
+            self.actor_module,
+            self.actor_optimizer,
+            lambda mini, acc: self._accumulate_mini_batch(mini, temperature, acc),
+            self.dp_group,
+            "actor",
         )
-        for _, mini in mini_iter:
-            self._accumulate_mini_batch(mini, temperature, acc)
-            grad_norm, stepped = optimizer_step(
-                self.actor_module, self.actor_optimizer, config_get(self.config, "grad_clip")
-            )
-            skipped += int(not stepped)
-            acc.end_mini_batch(self.dp_group, extra={"actor/grad_norm": grad_norm})
         self.skipped_steps += skipped
-        metrics = acc.means()
-        metrics["actor/skipped_steps"] = float(skipped)
         return metrics
 
     def _accumulate_mini_batch(self, mini: DataProto, temperature: float, acc: MetricAccumulator) -> None:
         cfg = self.config
-        tokens, seqs = global_loss_counts(mini.batch["response_mask"], self.dp_group)
-        norm = {
-            "global_token_num": tokens,
-            "global_seq_num": seqs,
-            "dp_size": group_size(self.dp_group),
-            "loss_scale_factor": mini.batch["responses"].shape[-1],
-        }
+        norm = loss_normalisers(mini.batch, self.dp_group)
         loss_agg_mode = config_get(cfg, "loss_agg_mode", "token-mean")
         entropy_coeff = float(config_get(cfg, "entropy_coeff", 0.0) or 0.0)
         use_kl_loss = bool(config_get(cfg, "use_kl_loss", False))

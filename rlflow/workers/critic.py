@@ -20,26 +20,16 @@ from rlflow.trainer.ppo._common import config_get
 from rlflow.trainer.ppo.core_algos import compute_value_loss
 from rlflow.utils.torch_functional import masked_mean
 from rlflow.workers.ppo_loop import (
+    FORWARD_KEYS,
     MetricAccumulator,
-    global_loss_counts,
-    group_size,
-    iter_mini_batches,
-    optimizer_step,
+    loss_normalisers,
+    response_mask_of,
+    run_update,
+    select_update_batch,
     split_micro_batches,
 )
 
 __all__ = ["DataParallelPPOCritic"]
-
-_FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
-
-
-def response_mask_of(data: DataProto) -> torch.Tensor:
-    """``(bs, response_len)``: ``response_mask`` if the batch has it, else the response part of
-    ``attention_mask``."""
-    if "response_mask" in data.batch.keys():
-        return data.batch["response_mask"]
-    response_len = data.batch["responses"].shape[-1]
-    return data.batch["attention_mask"][:, -response_len:]
 
 
 class DataParallelPPOCritic:
@@ -114,7 +104,7 @@ class DataParallelPPOCritic:
         """
         self.critic_module.eval()
         mask = response_mask_of(data)
-        batch = data.batch.select(*[k for k in _FORWARD_KEYS if k in data.batch.keys()])
+        batch = data.batch.select(*[k for k in FORWARD_KEYS if k in data.batch.keys()])
         micro = self._micro_batches(
             batch, "forward_micro_batch_size_per_gpu", "forward_max_token_len_per_gpu"
         )
@@ -138,38 +128,23 @@ class DataParallelPPOCritic:
         if self.critic_optimizer is None:
             raise RuntimeError("update_critic needs a critic optimizer")
         self.critic_module.train()
-        keys = [k for k in (*_FORWARD_KEYS, "values", "returns") if k in data.batch.keys()]
-        data = DataProto(batch=data.batch.select(*keys), meta_info=data.meta_info)
-        if "response_mask" not in data.batch.keys():
-            data.batch["response_mask"] = response_mask_of(data)
-        seed = int(config_get(self.config, "seed", 0) or 0) + int(data.meta_info.get("global_steps", 0))
-        acc = MetricAccumulator()
-        skipped = 0
-        mini_iter = iter_mini_batches(
+        data = select_update_batch(data, [*FORWARD_KEYS, "values", "returns"])
+        metrics, skipped = run_update(
             data,
-            int(config_get(self.config, "ppo_mini_batch_size")),
-            int(config_get(self.config, "ppo_epochs", 1)),
-            bool(config_get(self.config, "shuffle", False)),
-            seed,
+            self.config,
+            self.critic_module,
+            self.critic_optimizer,
+            self._accumulate_mini_batch,
+            self.dp_group,
+            "critic",
         )
-        for _, mini in mini_iter:
-            self._accumulate_mini_batch(mini, acc)
-            grad_norm, stepped = optimizer_step(
-                self.critic_module, self.critic_optimizer, config_get(self.config, "grad_clip")
-            )
-            skipped += int(not stepped)
-            acc.end_mini_batch(self.dp_group, extra={"critic/grad_norm": grad_norm})
         self.skipped_steps += skipped
-        metrics = acc.means()
-        metrics["critic/skipped_steps"] = float(skipped)
         return metrics
 
     def _accumulate_mini_batch(self, mini: DataProto, acc: MetricAccumulator) -> None:
         """Forward and backward every micro-batch of ``mini``; gradients accumulate in the module."""
-        tokens, seqs = global_loss_counts(mini.batch["response_mask"], self.dp_group)
-        dp_size = group_size(self.dp_group)
+        norm = loss_normalisers(mini.batch, self.dp_group)
         micro = self._micro_batches(mini.batch, "ppo_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu")
-        response_len = mini.batch["responses"].shape[-1]
         for mb in micro.batches:
             mask = mb["response_mask"]
             vpreds = self._forward(mb)
@@ -180,10 +155,7 @@ class DataParallelPPOCritic:
                 response_mask=mask,
                 cliprange_value=config_get(self.config, "cliprange_value"),
                 loss_agg_mode=config_get(self.config, "loss_agg_mode", "token-mean"),
-                global_token_num=tokens,
-                global_seq_num=seqs,
-                dp_size=dp_size,
-                loss_scale_factor=response_len,
+                **norm,
             )
             vf_loss.backward()
             n_tok = float(mask.sum())

@@ -24,13 +24,14 @@ from rlflow.models.loader import load_reward_model, load_tokenizer
 from rlflow.protocol import DataProto
 from rlflow.single_controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from rlflow.trainer.ppo.advantage import advantage_metrics, compute_advantage
-from rlflow.trainer.ppo.metrics import explained_variance_from_stats, explained_variance_stats
+from rlflow.trainer.ppo.metrics import explained_variance
 from rlflow.utils.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from rlflow.utils.optim import build_lr_scheduler, build_optimizer
 from rlflow.workers.actor import DataParallelPPOActor
 from rlflow.workers.critic import DataParallelPPOCritic
 from rlflow.workers.fsdp_utils import load_optimizer_to_device, offload_optimizer_to_cpu
 from rlflow.workers.role_utils import (
+    GatheredAdvantages,
     build_role_module,
     gathered_advantages,
     metrics_proto,
@@ -123,6 +124,28 @@ class _ModelRole(Worker):
         load_checkpoint(path, self.module, self.optimizer, self.lr_scheduler)
         self._offload_optimizer()
 
+    def _gathered_advantages(self, data: DataProto, values: DataProto) -> GatheredAdvantages:
+        """Advantages and returns from the critic's values, on the batch gathered over this role's DP ranks
+        (the actor and the critic run the same computation, so both see the same numbers)."""
+        data.batch["values"] = values.batch["values"]
+        algorithm = self.config["algorithm"]
+        return gathered_advantages(
+            data,
+            self.parallel.dp_group,
+            self.parallel.dims.dp_rank,
+            lambda full: compute_advantage(full, algorithm, self.custom_adv_fn),
+        )
+
+    def _optimizer_update(self, prefix: str, update: Any, data: DataProto, metrics: dict[str, float]) -> None:
+        """Run ``update(data)`` with the optimizer state on the device, record its metrics, the lr and the
+        timing, then step the lr scheduler once per training step."""
+        self._load_optimizer()
+        with timed_call(f"{prefix}/update", metrics, int(data.batch["attention_mask"].sum())):
+            metrics.update(update(data))
+        self._offload_optimizer()
+        metrics[f"{prefix}/lr"] = self._lr()
+        self.lr_scheduler.step()
+
     def _offload_optimizer(self) -> None:
         """``fsdp_config.optimizer_offload``: keep the optimizer state on CPU between updates (GPU runs;
         a logged no-op on CPU, where it already is)."""
@@ -211,22 +234,10 @@ class ActorRolloutWorker(_ModelRole):
         computed on the gathered batch first; without, the batch already carries them."""
         metrics: dict[str, float] = {}
         if values is not None:
-            data.batch["values"] = values.batch["values"]
-            algorithm = self.config["algorithm"]
-            g = gathered_advantages(
-                data,
-                self.parallel.dp_group,
-                self.parallel.dims.dp_rank,
-                lambda full: compute_advantage(full, algorithm, self.custom_adv_fn),
-            )
+            g = self._gathered_advantages(data, values)
             data.batch["advantages"] = g.advantages
             metrics.update(advantage_metrics(g.full, g.full_advantages, g.full_returns))
-        self._load_optimizer()
-        with timed_call("actor/update", metrics, int(data.batch["attention_mask"].sum())):
-            metrics.update(self.actor.update_policy(data))
-        self._offload_optimizer()
-        metrics["actor/lr"] = self._lr()
-        self.lr_scheduler.step()
+        self._optimizer_update("actor", self.actor.update_policy, data, metrics)
         return metrics_proto(len(data), metrics)
 
 
@@ -289,26 +300,15 @@ class CriticWorker(_ModelRole):
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("critic"))
     def update_critic(self, data: DataProto, values: DataProto) -> DataProto:
         """Returns from the same values future (on the gathered batch), then the value update."""
-        data.batch["values"] = values.batch["values"]
-        algorithm = self.config["algorithm"]
-        g = gathered_advantages(
-            data,
-            self.parallel.dp_group,
-            self.parallel.dims.dp_rank,
-            lambda full: compute_advantage(full, algorithm, self.custom_adv_fn),
-        )
+        g = self._gathered_advantages(data, values)
         data.batch["returns"] = g.returns
-        metrics: dict[str, float] = {}
-        stats = explained_variance_stats(
-            g.full_returns, g.full.batch["values"], g.full.batch["response_mask"]
-        )
-        metrics["critic/vf_explained_var"] = explained_variance_from_stats(stats)
-        self._load_optimizer()
-        with timed_call("critic/update", metrics, int(data.batch["attention_mask"].sum())):
-            metrics.update(self.critic.update_critic(data))
-        self._offload_optimizer()
-        metrics["critic/lr"] = self._lr()
-        self.lr_scheduler.step()
+        full = g.full.batch
+        metrics = {
+            "critic/vf_explained_var": explained_variance(
+                g.full_returns, full["values"], full["response_mask"]
+            )
+        }
+        self._optimizer_update("critic", self.critic.update_critic, data, metrics)
         return metrics_proto(len(data), metrics)
 
 

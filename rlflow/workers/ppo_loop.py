@@ -30,14 +30,32 @@ from rlflow.utils.seqlen_balancing import rearrange_micro_batches, restore_order
 from rlflow.workers.fsdp import clip_grad_norm_
 
 __all__ = [
+    "FORWARD_KEYS",
     "MetricAccumulator",
     "MicroBatches",
     "global_loss_counts",
     "group_size",
     "iter_mini_batches",
+    "loss_normalisers",
     "optimizer_step",
+    "response_mask_of",
+    "run_update",
+    "select_update_batch",
     "split_micro_batches",
 ]
+
+
+FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
+"""Tensors a forward pass over prompt + response reads."""
+
+
+def response_mask_of(data: DataProto) -> torch.Tensor:
+    """``(bs, response_len)``: ``response_mask`` if the batch has it, else the response part of
+    ``attention_mask``."""
+    if "response_mask" in data.batch.keys():
+        return data.batch["response_mask"]
+    response_len = data.batch["responses"].shape[-1]
+    return data.batch["attention_mask"][:, -response_len:]
 
 
 def group_size(group: Any) -> int:
@@ -196,3 +214,60 @@ class MetricAccumulator:
     def means(self) -> dict[str, float]:
         """Mean over recorded mini-batches of every metric."""
         return {k: (sum(v) / len(v) if v else 0.0) for k, v in self.history.items()}
+
+
+def select_update_batch(data: DataProto, keys: list[str]) -> DataProto:
+    """The tensors an update reads (those of ``keys`` present), with ``response_mask`` always set."""
+    present = [k for k in keys if k in data.batch.keys()]
+    out = DataProto(batch=data.batch.select(*present), meta_info=data.meta_info)
+    if "response_mask" not in out.batch.keys():
+        out.batch["response_mask"] = response_mask_of(data)
+    return out
+
+
+def loss_normalisers(mini_batch: Any, dp_group: Any = None) -> dict[str, Any]:
+    """``agg_loss``'s global arguments for one mini-batch (TensorDict with ``response_mask``, ``responses``)."""
+    tokens, seqs = global_loss_counts(mini_batch["response_mask"], dp_group)
+    return {
+        "global_token_num": tokens,
+        "global_seq_num": seqs,
+        "dp_size": group_size(dp_group),
+        "loss_scale_factor": mini_batch["responses"].shape[-1],
+    }
+
+
+def run_update(
+    data: DataProto,
+    config: Any,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    accumulate: Any,
+    dp_group: Any,
+    prefix: str,
+) -> tuple[dict[str, float], int]:
+    """``ppo_epochs`` × mini-batches of ``accumulate(mini_batch, acc)`` (forward + backward of its
+    micro-batches), each followed by `optimizer_step`.
+
+    Returns:
+        Metrics averaged over mini-batches, including ``<prefix>/grad_norm`` and
+        ``<prefix>/skipped_steps``, and the number of skipped (non-finite) steps.
+    """
+    from rlflow.trainer.ppo._common import config_get
+
+    seed = int(config_get(config, "seed", 0)) + int(data.meta_info.get("global_steps", 0))
+    acc, skipped = MetricAccumulator(), 0
+    mini_iter = iter_mini_batches(
+        data,
+        int(config_get(config, "ppo_mini_batch_size")),
+        int(config_get(config, "ppo_epochs", 1)),
+        bool(config_get(config, "shuffle", False)),
+        seed,
+    )
+    for _, mini in mini_iter:
+        accumulate(mini, acc)
+        grad_norm, stepped = optimizer_step(module, optimizer, config_get(config, "grad_clip"))
+        skipped += int(not stepped)
+        acc.end_mini_batch(dp_group, extra={f"{prefix}/grad_norm": grad_norm})
+    metrics = acc.means()
+    metrics[f"{prefix}/skipped_steps"] = float(skipped)
+    return metrics, skipped
