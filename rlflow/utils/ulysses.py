@@ -35,7 +35,7 @@ the SP peers.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -43,6 +43,7 @@ import torch.distributed as dist
 
 __all__ = [
     "SeqAllToAll",
+    "checkpoint_context_fn",
     "gather_heads_scatter_seq",
     "gather_outputs_and_unpad",
     "gather_seq_scatter_heads",
@@ -76,6 +77,20 @@ def ulysses_group(group: Any) -> Iterator[None]:
         yield
     finally:
         set_ulysses_sequence_parallel_group(previous)
+
+
+def checkpoint_context_fn() -> tuple[Any, Any]:
+    """``context_fn`` for non-reentrant activation checkpointing under Ulysses SP.
+
+    Called when a checkpointed layer runs forward: the recomputation in backward then runs inside the SP
+    group that was active during that forward (the ``ulysses_group`` block of the forward has exited by
+    the time backward recomputes the layer; without this the recomputed attention would skip its
+    all-to-all and save different tensors).
+
+    Returns:
+        ``(forward context, recompute context)`` for ``torch.utils.checkpoint.checkpoint``.
+    """
+    return nullcontext(), ulysses_group(_ULYSSES_SEQUENCE_PARALLEL_GROUP)
 
 
 def get_ulysses_sequence_parallel_group() -> Any:

@@ -56,6 +56,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
 from rlflow.utils.distributed import device_type as _default_device_type
+from rlflow.utils.ulysses import checkpoint_context_fn
 from rlflow.workers.fsdp_utils import (
     clean_param_name,
     clip_grad_norm_,
@@ -544,7 +545,9 @@ def apply_fsdp(
     if enable_gradient_checkpointing:
         if not hasattr(model, "gradient_checkpointing_enable"):
             raise TypeError(f"{type(model).__name__} has no gradient_checkpointing_enable()")
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # Non-reentrant checkpointing; the recomputation runs in the forward's Ulysses group.
+        kwargs = {"use_reentrant": False, "context_fn": checkpoint_context_fn}
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if _has_meta(model) and not sync_module_states:
         raise ValueError("model has meta tensors: pass sync_module_states=True with real weights on rank 0")
     # Keep references to rank 0's real tensors: wrapping replaces the module's parameters by shards.

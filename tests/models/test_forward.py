@@ -294,3 +294,35 @@ def test_ulysses_sp2_matches_sp1_outputs_and_averaged_grads() -> None:
         torch.testing.assert_close(_masked(res["lp_kv1"], mask), _masked(ref_kv1, mask), rtol=RTOL, atol=ATOL)
         assert "needs attn_implementation='rlflow_packed'" in res["errors"][0]
         assert "needs use_remove_padding=True" in res["errors"][1]
+
+
+def _sp_checkpointing_worker(rank: int) -> dict:
+    """FSDP2 over 2 ranks, Ulysses SP 2, gradient checkpointing on: the production wrapping path."""
+    from rlflow.workers.fsdp import ParallelDims, apply_fsdp, gather_full_grads
+
+    dims = ParallelDims(world_size=2, ulysses_sequence_parallel_size=2).build_meshes("cpu")
+    group = dims.ulysses_mesh["sp"].get_group()
+    out = {}
+    for name, module, output in zip(("actor", "critic"), _models(), ("log_probs", "values")):
+        wrapped = apply_fsdp(module.train(), dims, enable_gradient_checkpointing=True)
+        batch = _batch()
+        result = forward_micro_batch(wrapped, batch, output=output, use_remove_padding=True, sp_group=group)
+        _loss(result, batch["response_mask"]).backward()
+        out[name] = ({k: v.detach() for k, v in result.items()}, gather_full_grads(wrapped))
+    return out
+
+
+def test_ulysses_sp2_with_gradient_checkpointing_matches_the_plain_forward() -> None:
+    """Recomputation in backward runs inside the SP group of the forward (verl's sp2 example enables both)."""
+    results = spawn_workers(_sp_checkpointing_worker, 2)
+    actor, critic = _models()
+    batch = _batch()
+    mask = batch["response_mask"]
+    for name, module, output in (("actor", actor, "log_probs"), ("critic", critic, "values")):
+        ref_out, ref_grads = _outputs_and_grads(module, batch, output=output, use_remove_padding=True)
+        for res in results:
+            got_out, got_grads = res[name]
+            torch.testing.assert_close(
+                _masked(got_out[output], mask), _masked(ref_out[output], mask), rtol=RTOL, atol=ATOL
+            )
+            _assert_grads_close(got_grads, ref_grads)
