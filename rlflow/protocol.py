@@ -545,6 +545,10 @@ class DataProtoFuture:
         refs: one object ref per producer shard, in sample order.
         shard_sizes: number of samples each shard holds (including dispatch padding).
         start / end: the global sample range this future stands for (padding excluded).
+        watch: ``(ref, group name, rank)`` of the producer ranks whose output is not part of the
+            future (sequence-parallel peers of the collect ranks). They return None; the driver waits on
+            them next to its next blocking call, so a failing peer surfaces as its own error instead of
+            leaving its collect rank (and every consumer) blocked in a collective.
     """
 
     refs: list[Any]
@@ -552,6 +556,7 @@ class DataProtoFuture:
     start: int = 0
     end: int | None = None
     collect_fn: Callable[[list[DataProto]], DataProto] | None = None
+    watch: list[tuple[Any, str, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.refs) != len(self.shard_sizes):
@@ -582,7 +587,13 @@ class DataProtoFuture:
             raise ValueError(f"DataProtoFuture.chunk: {n} samples not divisible into {chunks} chunks")
         step = n // chunks
         return [
-            DataProtoFuture(self.refs, self.shard_sizes, self.start + i * step, self.start + (i + 1) * step)
+            DataProtoFuture(
+                self.refs,
+                self.shard_sizes,
+                self.start + i * step,
+                self.start + (i + 1) * step,
+                watch=list(self.watch),
+            )
             for i in range(chunks)
         ]
 

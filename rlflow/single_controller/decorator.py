@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from rlflow.single_controller.worker_group import RayWorkerGroup as WorkerGroup
 
 MAGIC_ATTR = "__rlflow_register__"
+DROP_OUTPUT_KWARG = "_rlflow_drop_output"
+"""Keyword the worker group adds to a call on a rank whose output it does not gather."""
 
 
 class Dispatch(Enum):
@@ -99,15 +101,31 @@ def register(
     def decorator(func: Callable) -> Callable:
         @functools.wraps(func)
         def inner(*args: Any, **kwargs: Any) -> Any:
+            drop_output = kwargs.pop(DROP_OUTPUT_KWARG, False)
             if materialize_futures:
                 args = tuple(_materialize(a) for a in args)
                 kwargs = {k: _materialize(v) for k, v in kwargs.items()}
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            # A rank whose output is not gathered (a sequence-parallel peer of a collect rank) returns
+            # None, so the driver can wait on it without fetching a duplicate of the data.
+            return None if drop_output else out
 
+        # Ray checks every call against the signature of the fully unwrapped method: stop unwrapping here.
+        inner.__signature__ = _with_drop_output_kwarg(inspect.signature(func))
+        del inner.__wrapped__
         setattr(inner, MAGIC_ATTR, MethodSpec(dispatch_mode, execute_mode, blocking))
         return inner
 
     return decorator
+
+
+def _with_drop_output_kwarg(sig: inspect.Signature) -> inspect.Signature:
+    """``sig`` plus the keyword-only `DROP_OUTPUT_KWARG` (before any ``**kwargs``)."""
+    params = list(sig.parameters.values())
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return sig
+    extra = inspect.Parameter(DROP_OUTPUT_KWARG, inspect.Parameter.KEYWORD_ONLY, default=False)
+    return sig.replace(parameters=[*params, extra])
 
 
 def get_method_spec(method: Callable) -> MethodSpec | None:
@@ -339,7 +357,15 @@ def is_data_parallel(spec: MethodSpec) -> bool:
     )
 
 
-def future_from_refs(refs: list[Any], chunk_sizes: list[int], pad_size: int) -> DataProtoFuture:
-    """The future of a data-parallel call: shards in order, padding excluded from its range."""
+def future_from_refs(
+    refs: list[Any],
+    chunk_sizes: list[int],
+    pad_size: int,
+    watch: list[tuple[Any, str, int]] | None = None,
+) -> DataProtoFuture:
+    """The future of a data-parallel call: shards in order, padding excluded from its range; ``watch``
+    holds the refs of the ranks that are not gathered (see `DataProtoFuture`)."""
     total = int(np.sum(chunk_sizes))
-    return DataProtoFuture(refs=list(refs), shard_sizes=list(chunk_sizes), start=0, end=total - pad_size)
+    return DataProtoFuture(
+        refs=list(refs), shard_sizes=list(chunk_sizes), start=0, end=total - pad_size, watch=list(watch or [])
+    )

@@ -13,6 +13,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlflow.protocol import DataProtoFuture
 from rlflow.single_controller.decorator import (
+    DROP_OUTPUT_KWARG,
     Dispatch,
     Execute,
     MeshDispatch,
@@ -59,8 +60,57 @@ class GroupFuture:
     ranks: list[int]
     collect: Callable[[list[Any]], Any]
 
-    def get(self) -> Any:
-        return self.collect(self.group.wait(self.refs, self.ranks))
+    def get(self, timeout_s: float | None = None, what: str | None = None) -> Any:
+        """Wait for the call (at most ``timeout_s``, logging a heartbeat; see `RayWorkerGroup.wait`)."""
+        return self.collect(self.group.wait(self.refs, self.ranks, timeout_s=timeout_s, what=what))
+
+
+def wait_all(
+    futures: list[tuple[GroupFuture, str]], timeout_s: float | None, heartbeat_s: float = 30.0
+) -> None:
+    """Wait for several groups' calls together, e.g. every role's ``init_model``.
+
+    Every ``heartbeat_s`` a line names each group still pending, its ranks and the time waited; after
+    ``timeout_s`` a `WorkerGroupError` names them. An error or a dead rank in any group is raised at once.
+
+    Args:
+        futures: ``(future, what)`` pairs; ``what`` describes the call (``"init_model"``).
+        timeout_s: bound on the whole wait; None = no bound (dead ranks are still detected).
+        heartbeat_s: seconds between progress lines.
+    """
+    owner: dict[Any, tuple[GroupFuture, int, str]] = {}
+    for future, what in futures:
+        for ref, rank in zip(future.refs, future.ranks):
+            owner[ref] = (future, rank, what)
+    pending = list(owner)
+    start = last_beat = time.monotonic()
+    while pending:
+        ready, _ = ray.wait(pending, num_returns=1, timeout=1.0, fetch_local=False)
+        for ref in ready:
+            pending.remove(ref)
+            future, rank, _ = owner[ref]
+            _get_one(ref, future.group.name, rank)
+        waited = time.monotonic() - start
+        if pending and timeout_s is not None and waited > timeout_s:
+            raise WorkerGroupError(
+                f"{_pending_summary(pending, owner)} did not finish within {timeout_s:g} s "
+                "(trainer.worker_start_timeout_s); a rank that never starts usually waits for a Ray worker "
+                "process or for the resources of its placement-group bundle"
+            )
+        if pending and time.monotonic() - last_beat >= heartbeat_s:
+            last_beat = time.monotonic()
+            limit = "" if timeout_s is None else f" of {timeout_s:g} s"
+            logger.info("still waiting after %.0f s%s: %s", waited, limit, _pending_summary(pending, owner))
+
+
+def _pending_summary(pending: list[Any], owner: dict[Any, tuple[GroupFuture, int, str]]) -> str:
+    by_call: dict[tuple[str, str], list[int]] = {}
+    for ref in pending:
+        future, rank, what = owner[ref]
+        by_call.setdefault((future.group.name, what), []).append(rank)
+    return "; ".join(
+        f"worker group {group!r}: {what} on ranks {sorted(ranks)}" for (group, what), ranks in by_call.items()
+    )
 
 
 class RayWorkerGroup:
@@ -76,6 +126,10 @@ class RayWorkerGroup:
         env_vars: extra environment variables for every actor.
         num_workers: use only the first ``num_workers`` bundles of the pool (a role with a smaller
             world size than the others it is colocated with); ``None``: every bundle.
+        start_timeout_s: bound on the start of rank 0's actor, which the group waits for while it is
+            created (the other ranks need its rendezvous address); ``None``: no bound. A heartbeat line
+            is logged every ``heartbeat_s`` while waiting.
+        heartbeat_s: seconds between progress lines of bounded waits.
     """
 
     def __init__(
@@ -86,15 +140,23 @@ class RayWorkerGroup:
         call_timeout_s: float | None = None,
         env_vars: dict[str, str] | None = None,
         num_workers: int | None = None,
+        start_timeout_s: float | None = None,
+        heartbeat_s: float = 30.0,
     ) -> None:
         self.num_workers = num_workers
         self.resource_pool = resource_pool
         self.name = name_prefix
         self.call_timeout_s = call_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.heartbeat_s = heartbeat_s
         self._cls = ray_cls_with_init
         self._workers: list[Any] = []
         self._mesh_info: dict[str, MeshInfo] = {}
-        self._create_workers(env_vars or {})
+        try:
+            self._create_workers(env_vars or {})
+        except BaseException:
+            self.shutdown()  # kill the actors already created
+            raise
         self._bind_methods()
 
     # ---- creation --------------------------------------------------------------------------------------
@@ -126,7 +188,9 @@ class RayWorkerGroup:
             actor = remote_cls.options(**options).remote(*self._cls.args, **self._cls.kwargs)
             self._workers.append(actor)
             if rank == 0:
-                addr, port = self.wait([actor.get_master_addr_port.remote()], [0])[0]
+                what = "start of the rank-0 actor (rendezvous address)"
+                ref = actor.get_master_addr_port.remote()
+                addr, port = self.wait([ref], [0], timeout_s=self.start_timeout_s, what=what)[0]
                 master = {"MASTER_ADDR": addr, "MASTER_PORT": str(port)}
 
     def _bind_methods(self) -> None:
@@ -164,24 +228,30 @@ class RayWorkerGroup:
         dispatched = dispatch_for(spec)(self, *args, **kwargs)
         rank_zero = spec.execute_mode == Execute.RANK_ZERO or spec.dispatch_mode == Dispatch.RANK_ZERO
         ranks = [0] if rank_zero else list(range(self.world_size))
-        refs = [
-            getattr(self._workers[r], name).remote(*dispatched.args[r], **dispatched.kwargs[r]) for r in ranks
-        ]
+        gather = self._gather_ranks(spec) if is_data_parallel(spec) else ranks
+        refs = []
+        for r in ranks:
+            call_kwargs = dict(dispatched.kwargs[r])
+            if r not in gather:
+                call_kwargs[DROP_OUTPUT_KWARG] = True
+            refs.append(getattr(self._workers[r], name).remote(*dispatched.args[r], **call_kwargs))
+        watch = _future_watch(args, kwargs)
         if is_data_parallel(spec):
-            gather = self._gather_ranks(spec)
-            refs_g = [refs[r] for r in gather]
             if not spec.blocking:
-                return future_from_refs(refs_g, dispatched.chunk_sizes, dispatched.pad_size)
+                peers = [(refs[r], self.name, r) for r in ranks if r not in gather]
+                return future_from_refs(
+                    [refs[r] for r in gather], dispatched.chunk_sizes, dispatched.pad_size, peers + watch
+                )
             # Wait on every rank, not only the gathered ones: a failing sequence-parallel peer must
             # surface as its own error instead of leaving its collect rank stuck in a collective.
-            outputs = self.wait(refs, ranks)
+            outputs = self.wait(refs, ranks, watch)
             return collect_dp_proto(
                 [outputs[r] for r in gather], dispatched.pad_size, sum(dispatched.chunk_sizes)
             )
         collect = (lambda outs: outs[0]) if rank_zero else (lambda outs: outs)
         if not spec.blocking:
             return GroupFuture(self, refs, ranks, collect)
-        return collect(self.wait(refs, ranks))
+        return collect(self.wait(refs, ranks, watch))
 
     def _gather_ranks(self, spec: MethodSpec) -> list[int]:
         if isinstance(spec.dispatch_mode, MeshDispatch):
@@ -196,40 +266,46 @@ class RayWorkerGroup:
     def execute_rank_zero(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
         return self.wait([getattr(self._workers[0], method_name).remote(*args, **kwargs)], [0])[0]
 
-    def wait(self, refs: list[Any], ranks: list[int]) -> list[Any]:
+    def wait(
+        self,
+        refs: list[Any],
+        ranks: list[int],
+        watch: list[tuple[Any, str, int]] | None = None,
+        timeout_s: float | None = None,
+        what: str | None = None,
+    ) -> list[Any]:
         """Results of ``refs`` (one per rank in ``ranks``), failing fast when any rank dies or raises.
 
         Results are taken as they finish, so a dead rank is reported even while its peers are still
-        blocked (for example in a collective that will never complete).
+        blocked (for example in a collective that will never complete). ``watch`` holds ``(ref, group,
+        rank)`` of other calls this one depends on (the non-gathered ranks of an input future): they are
+        waited on alongside, and an error in one of them is raised as that rank's own error. With
+        ``what`` (a description of the call), a heartbeat line is logged every ``heartbeat_s`` and the
+        wait is bounded by ``timeout_s`` (default ``call_timeout_s``).
         """
+        if what is not None:
+            wait_all([(GroupFuture(self, list(refs), list(ranks), list), what)], timeout_s, self.heartbeat_s)
         results: list[Any] = [None] * len(refs)
         position = {ref: i for i, ref in enumerate(refs)}
-        pending = list(refs)
+        watched = {ref: (group, rank) for ref, group, rank in watch or []}
+        pending, watching = list(refs), list(watched)
         deadline = None if self.call_timeout_s is None else time.monotonic() + self.call_timeout_s
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+            ready, _ = ray.wait(pending + watching, num_returns=1, timeout=1.0, fetch_local=False)
             for ref in ready:
+                if ref in watched:
+                    watching.remove(ref)
+                    _get_one(ref, *watched[ref])  # None, or the peer's error
+                    continue
+                pending.remove(ref)
                 i = position[ref]
-                results[i] = self._get_one(ref, ranks[i])
+                results[i] = _get_one(ref, self.name, ranks[i])
             if deadline is not None and pending and time.monotonic() > deadline:
                 late = sorted(ranks[position[r]] for r in pending)
                 raise WorkerGroupError(
                     f"worker group {self.name!r}: ranks {late} did not finish within call_timeout_s={self.call_timeout_s:g}"
                 )
         return results
-
-    def _get_one(self, ref: Any, rank: int) -> Any:
-        try:
-            return ray.get(ref)
-        except ray.exceptions.RayActorError as e:
-            raise WorkerGroupError(
-                f"worker group {self.name!r}: rank {rank} died ({type(e).__name__}): {e}"
-            ) from e
-        except ray.exceptions.RayTaskError as e:
-            cause = e.as_instanceof_cause()
-            if hasattr(cause, "add_note"):
-                cause.add_note(f"(raised in worker group {self.name!r}, rank {rank})")
-            raise cause from None
 
     def shutdown(self) -> None:
         """Kill this group's actors (the resource pool stays, other roles may still use it)."""
@@ -241,4 +317,34 @@ class RayWorkerGroup:
         self._workers = []
 
 
-__all__ = ["DataProtoFuture", "GroupFuture", "RayClassWithInitArgs", "RayWorkerGroup", "WorkerGroupError"]
+def _get_one(ref: Any, group: str, rank: int) -> Any:
+    """``ray.get(ref)``, naming the group and rank in the error of a dead or failing rank."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayActorError as e:
+        raise WorkerGroupError(f"worker group {group!r}: rank {rank} died ({type(e).__name__}): {e}") from e
+    except ray.exceptions.RayTaskError as e:
+        cause = e.as_instanceof_cause()
+        if hasattr(cause, "add_note"):
+            cause.add_note(f"(raised in worker group {group!r}, rank {rank})")
+        raise cause from None
+
+
+def _future_watch(args: tuple, kwargs: dict) -> list[tuple[Any, str, int]]:
+    """The peer refs of every future among a call's arguments (see `RayWorkerGroup.wait`)."""
+    return [
+        entry
+        for value in (*args, *kwargs.values())
+        if isinstance(value, DataProtoFuture)
+        for entry in value.watch
+    ]
+
+
+__all__ = [
+    "DataProtoFuture",
+    "GroupFuture",
+    "RayClassWithInitArgs",
+    "RayWorkerGroup",
+    "WorkerGroupError",
+    "wait_all",
+]

@@ -120,6 +120,33 @@ class MeshWorker(EchoWorker):
         )
 
 
+class FailingPeerWorker(MeshWorker):
+    """A non-blocking mesh method whose sequence-parallel peer (rank 1) fails while its collect rank
+    (rank 0) is left waiting, as in an all-to-all the failed peer never joins."""
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"), blocking=False)
+    def values_async(self, data: DataProto) -> DataProto:
+        if self.rank == 1:
+            raise RuntimeError("sequence-parallel peer failed in compute_values")
+        if self.rank == 0:
+            time.sleep(600)  # never returns within the test
+        return DataProto.from_dict(tensors={"y": data.batch["x"] * 2})
+
+
+class SlowWorker(Worker):
+    """A worker whose actor start (constructor) or ``init_model`` takes ``start_s`` / ``init_s``."""
+
+    def __init__(self, start_s: float = 0.0, init_s: float = 0.0) -> None:
+        time.sleep(start_s)
+        super().__init__()
+        self.init_s = init_s
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def init_model(self) -> int:
+        time.sleep(self.init_s)
+        return self.rank
+
+
 def _data(n: int) -> DataProto:
     return DataProto.from_dict(
         tensors={"x": torch.arange(n, dtype=torch.float32)},
@@ -247,6 +274,69 @@ def test_future_routed_by_sample_index_without_driver_fetch(monkeypatch):
             g.shutdown()
         producer_pool.remove()
         consumer_pool.remove()
+
+
+@pytest.mark.timeout(120)
+def test_failing_non_collect_rank_of_a_future_surfaces_its_own_error():
+    """The producer's non-collect rank raises; the consumer waits on the stuck collect rank's shard. The
+    driver's wait on the consumer watches every producer rank and raises the peer's own error."""
+    producer_pool = RayResourcePool([4], cpus_per_bundle=0.5, name_prefix="peer_producer")
+    consumer_pool = RayResourcePool([2], cpus_per_bundle=0.5, name_prefix="peer_consumer")
+    producer = RayWorkerGroup(producer_pool, RayClassWithInitArgs(FailingPeerWorker), name_prefix="critic")
+    consumer = RayWorkerGroup(consumer_pool, RayClassWithInitArgs(EchoWorker), name_prefix="actor")
+    try:
+        data = _data(4)
+        start = time.monotonic()
+        future = producer.values_async(data)
+        with pytest.raises(RuntimeError, match="sequence-parallel peer failed") as info:
+            consumer.plus_values(data, values=future)
+        assert time.monotonic() - start < 60
+        assert "worker group 'critic', rank 1" in "".join(getattr(info.value, "__notes__", []))
+    finally:
+        for g in (producer, consumer):
+            g.shutdown()
+        producer_pool.remove()
+        consumer_pool.remove()
+
+
+@pytest.mark.timeout(120)
+def test_group_start_is_bounded_names_the_group_and_logs_a_heartbeat(pool2, caplog):
+    caplog.set_level("INFO", logger="rlflow.single_controller.worker_group")
+    start = time.monotonic()
+    with pytest.raises(
+        WorkerGroupError, match=r"worker group 'reward_model': start of the rank-0 actor.*within 3 s"
+    ):
+        RayWorkerGroup(
+            pool2,
+            RayClassWithInitArgs(SlowWorker, start_s=300.0),
+            name_prefix="reward_model",
+            start_timeout_s=3.0,
+            heartbeat_s=1.0,
+        )
+    assert time.monotonic() - start < 20
+    beats = [r.getMessage() for r in caplog.records if "still waiting" in r.getMessage()]
+    assert beats and "worker group 'reward_model'" in beats[0] and "of 3 s" in beats[0]
+
+
+@pytest.mark.timeout(120)
+def test_init_of_several_groups_is_bounded_and_names_the_slow_one(pool2, caplog):
+    from rlflow.single_controller.worker_group import wait_all
+
+    caplog.set_level("INFO", logger="rlflow.single_controller.worker_group")
+    fast = RayWorkerGroup(pool2, RayClassWithInitArgs(SlowWorker), name_prefix="actor")
+    slow = RayWorkerGroup(pool2, RayClassWithInitArgs(SlowWorker, init_s=300.0), name_prefix="critic")
+    try:
+        start = time.monotonic()
+        with pytest.raises(
+            WorkerGroupError, match=r"worker group 'critic': init_model on ranks \[0, 1\]"
+        ) as info:
+            wait_all([(fast.init_model(), "init_model"), (slow.init_model(), "init_model")], 3.0, 1.0)
+        assert "within 3 s" in str(info.value) and "'actor'" not in str(info.value)
+        assert time.monotonic() - start < 20
+        assert any("still waiting" in r.getMessage() and "'critic'" in r.getMessage() for r in caplog.records)
+    finally:
+        fast.shutdown()
+        slow.shutdown()
 
 
 def test_colocated_groups_share_placement_group_in_separate_processes(pool2):

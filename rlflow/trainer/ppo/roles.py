@@ -7,20 +7,24 @@ actor processes — on the bundles of one placement group per node. Each role's 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
 from rlflow.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from rlflow.single_controller.worker_group import wait_all
 from rlflow.trainer.config import need_critic, need_reference_policy
 
 __all__ = ["WorkerGroups", "build_worker_groups"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
 class WorkerGroups:
     pool: RayResourcePool
-    actor: RayWorkerGroup
+    actor: RayWorkerGroup | None
     ref: RayWorkerGroup | None = None
     critic: RayWorkerGroup | None = None
     reward_model: RayWorkerGroup | None = None
@@ -67,22 +71,32 @@ def build_worker_groups(config: DictConfig, total_training_steps: int) -> Worker
     plain = OmegaConf.to_container(config, resolve=True)
     plain["trainer"]["total_training_steps_resolved"] = int(total_training_steps)
 
+    timeout = float(trainer.worker_start_timeout_s)
+
     def group(cls: type, name: str, num_workers: int | None = None) -> RayWorkerGroup:
         return RayWorkerGroup(
-            pool, RayClassWithInitArgs(cls, config=plain), name_prefix=name, num_workers=num_workers
+            pool,
+            RayClassWithInitArgs(cls, config=plain),
+            name_prefix=name,
+            num_workers=num_workers,
+            start_timeout_s=timeout,
         )
 
-    groups = WorkerGroups(pool=pool, actor=group(ActorRolloutWorker, "actor_rollout"))
-    if "ref" in roles:
-        groups.ref = group(RefWorker, "ref")
-    if "critic" in roles:
-        critic_world = config.critic.world_size
-        groups.critic = group(CriticWorker, "critic", None if critic_world is None else int(critic_world))
-    if "reward_model" in roles:
-        groups.reward_model = group(RewardModelWorker, "reward_model")
-    futures = [g.init_model() for g in groups.all()]
-    for f in futures:
-        f.get()
+    groups = WorkerGroups(pool=pool, actor=None)
+    try:
+        groups.actor = group(ActorRolloutWorker, "actor_rollout")
+        if "ref" in roles:
+            groups.ref = group(RefWorker, "ref")
+        if "critic" in roles:
+            critic_world = config.critic.world_size
+            groups.critic = group(CriticWorker, "critic", None if critic_world is None else int(critic_world))
+        if "reward_model" in roles:
+            groups.reward_model = group(RewardModelWorker, "reward_model")
+        logger.info("building the models of %s", ", ".join(g.name for g in groups.all()))
+        wait_all([(g.init_model(), "init_model") for g in groups.all()], timeout)
+    except BaseException:
+        groups.shutdown()  # no half-started run left holding the placement group
+        raise
     sp = int(config.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
     groups.actor_dp_size = groups.actor.world_size // sp
     return groups
