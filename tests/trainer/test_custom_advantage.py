@@ -209,3 +209,48 @@ def test_call_needs_a_2d_response_mask(adv_file):
     fn = load_custom_advantage_fn(adv_file, "grpo_like")
     with pytest.raises(ValueError, match=r"response_mask as a \(bs, response_len\) tensor"):
         fn(token_level_rewards=REWARDS, response_mask=MASK[0], values=None, index=INDEX, config=None)
+
+
+def test_registered_estimator_that_needs_a_critic_gets_the_values():
+    """``register_adv_est(name, needs_critic=True)``: the config asks for a critic, refuses
+    ``critic.enable=false``, and compute_advantage hands the estimator the critic's values."""
+    import numpy as np
+
+    from rlflow.protocol import DataProto
+    from rlflow.trainer.config import load_config, need_critic, validate_config
+    from rlflow.trainer.ppo import advantages as adv_module
+    from rlflow.trainer.ppo.advantage import compute_advantage
+    from rlflow.trainer.ppo.core_algos import register_adv_est
+
+    seen = {}
+
+    def td0(token_level_rewards, response_mask, values=None, **kwargs):
+        """One-step TD error with gamma 1: r_t + V_{t+1} - V_t (V = 0 after the response)."""
+        seen["values"] = values
+        next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=-1) * response_mask
+        advantages = (token_level_rewards + next_values - values) * response_mask
+        return advantages, (advantages + values) * response_mask
+
+    register_adv_est("test_td0", needs_critic=True)(td0)
+    try:
+        cfg = load_config(["algorithm.adv_estimator=test_td0"])
+        assert need_critic(cfg)
+        with pytest.raises(ValueError, match=r"critic\.enable=false.*test_td0 needs a critic"):
+            validate_config(load_config(["algorithm.adv_estimator=test_td0", "critic.enable=false"]))
+        data = DataProto.from_dict(
+            tensors={
+                "token_level_rewards": torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]]),
+                "response_mask": torch.tensor([[1, 1, 1], [1, 1, 0]]),
+                "values": torch.tensor([[0.5, 0.25, 0.75], [1.0, 1.5, 0.0]]),
+            },
+            non_tensors={"uid": np.array(["a", "b"], dtype=object)},
+        )
+        advantages, returns = compute_advantage(data, cfg.algorithm)
+        assert seen["values"] is not None
+        # row 0: [0 + .25 - .5, 0 + .75 - .25, 1 + 0 - .75]; row 1: [0 + 1.5 - 1, 2 + 0 - 1.5, masked]
+        expected = torch.tensor([[-0.25, 0.5, 0.25], [0.5, 0.5, 0.0]])
+        torch.testing.assert_close(advantages, expected)
+        torch.testing.assert_close(returns, (expected + data.batch["values"]) * data.batch["response_mask"])
+    finally:
+        adv_module.ADV_ESTIMATOR_REGISTRY.pop("test_td0", None)
+        getattr(adv_module, "ADV_ESTIMATOR_INFO", {}).pop("test_td0", None)

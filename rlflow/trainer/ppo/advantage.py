@@ -16,17 +16,15 @@ import torch
 
 from rlflow.protocol import DataProto
 from rlflow.trainer.ppo._common import config_get
-from rlflow.trainer.ppo.core_algos import get_adv_estimator_fn
+from rlflow.trainer.ppo.advantages import get_adv_estimator_fn, get_estimator_info
 from rlflow.utils.torch_functional import masked_mean
 
 __all__ = ["advantage_metrics", "compute_advantage", "estimator_needs_critic"]
 
-CRITIC_ESTIMATORS = {"gae"}
-
 
 def estimator_needs_critic(adv_estimator: str) -> bool:
-    """Whether ``algorithm.adv_estimator`` uses critic values."""
-    return str(adv_estimator) in CRITIC_ESTIMATORS
+    """Whether ``algorithm.adv_estimator`` uses critic values (its registration says so)."""
+    return get_estimator_info(str(adv_estimator)).needs_critic
 
 
 def compute_advantage(
@@ -63,24 +61,25 @@ def compute_advantage(
         if custom_fn is not None:
             return custom_fn(**inputs)
         estimator = str(config_get(algorithm, "adv_estimator", "gae"))
-        if estimator_needs_critic(estimator) and inputs["values"] is None:
+        info = get_estimator_info(estimator)
+        if info.needs_critic and inputs["values"] is None:
             raise ValueError(
                 f"algorithm.adv_estimator={estimator} needs critic values but the batch has none"
             )
+        if not info.needs_critic:
+            inputs.pop("values")
         extra = {
-            "reward_baselines": batch["reward_baselines"] if "reward_baselines" in keys else None,
             "gamma": config_get(algorithm, "gamma", 1.0),
             "lam": config_get(algorithm, "lam", 1.0),
             "norm_adv_by_std_in_grpo": config_get(algorithm, "norm_adv_by_std_in_grpo", True),
         }
-        if estimator == "remax" and extra["reward_baselines"] is None:
-            raise ValueError("algorithm.adv_estimator=remax needs reward_baselines (greedy-response rewards)")
-        fn = get_adv_estimator_fn(estimator)
-        if estimator != "remax":
-            extra.pop("reward_baselines")
-        if estimator not in CRITIC_ESTIMATORS:
-            inputs.pop("values")
-        return fn(**inputs, **extra)
+        if info.needs_baselines:
+            if "reward_baselines" not in keys:
+                raise ValueError(
+                    f"algorithm.adv_estimator={estimator} needs reward_baselines (greedy-response rewards)"
+                )
+            extra["reward_baselines"] = batch["reward_baselines"]
+        return get_adv_estimator_fn(estimator)(**inputs, **extra)
 
 
 def advantage_metrics(data: DataProto, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:

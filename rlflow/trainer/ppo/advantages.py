@@ -10,6 +10,7 @@ keyword inputs to any of them. Names follow verl's ``verl.trainer.ppo.core_algos
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -20,8 +21,10 @@ from rlflow.trainer.ppo._common import _cfg, _check_shapes
 from rlflow.utils.torch_functional import masked_sum, masked_whiten
 
 __all__ = [
+    "ADV_ESTIMATOR_INFO",
     "ADV_ESTIMATOR_REGISTRY",
     "AdvantageEstimator",
+    "EstimatorInfo",
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
@@ -29,6 +32,7 @@ __all__ = [
     "compute_remax_outcome_advantage",
     "compute_rloo_outcome_advantage",
     "get_adv_estimator_fn",
+    "get_estimator_info",
     "register_adv_est",
 ]
 
@@ -52,15 +56,43 @@ class AdvantageEstimator(str, Enum):
 ADV_ESTIMATOR_REGISTRY: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
 
 
+@dataclass(frozen=True)
+class EstimatorInfo:
+    """What an advantage estimator needs besides rewards and the response mask.
+
+    The one owner of the "needs a critic" rule: the trainer creates a critic group, validation refuses
+    ``critic.enable=false`` and `rlflow.trainer.ppo.advantage.compute_advantage` passes ``values``
+    exactly for the estimators registered with ``needs_critic=True``.
+
+    Attributes:
+        needs_critic: receives ``values: (bs, response_len)`` from the critic.
+        needs_baselines: receives ``reward_baselines: (bs,)`` (the reward of a greedy response, ReMax).
+    """
+
+    needs_critic: bool = False
+    needs_baselines: bool = False
+
+
+ADV_ESTIMATOR_INFO: dict[str, EstimatorInfo] = {}
+
+
 def _name(name_or_enum: str | Enum) -> str:
     return name_or_enum.value if isinstance(name_or_enum, Enum) else name_or_enum
 
 
-def register_adv_est(name_or_enum: str | AdvantageEstimator) -> Callable:
+def register_adv_est(
+    name_or_enum: str | AdvantageEstimator,
+    *,
+    needs_critic: bool | None = None,
+    needs_baselines: bool | None = None,
+) -> Callable:
     """Decorator registering an advantage estimator under ``name_or_enum``.
 
     Args:
         name_or_enum: the name (``str``) or ``AdvantageEstimator`` member.
+        needs_critic: the estimator uses critic values (see `EstimatorInfo`); None = False for a new
+            registration, unchanged when the same function is registered again.
+        needs_baselines: the estimator uses greedy-response reward baselines (None as above).
 
     Returns:
         The decorator; it raises ValueError if the name is already taken by another function.
@@ -72,10 +104,28 @@ def register_adv_est(name_or_enum: str | AdvantageEstimator) -> Callable:
             raise ValueError(
                 f"advantage estimator {name!r} is already registered to {ADV_ESTIMATOR_REGISTRY[name]}"
             )
+        old = ADV_ESTIMATOR_INFO.get(name, EstimatorInfo())
         ADV_ESTIMATOR_REGISTRY[name] = fn
+        ADV_ESTIMATOR_INFO[name] = EstimatorInfo(
+            needs_critic=old.needs_critic if needs_critic is None else needs_critic,
+            needs_baselines=old.needs_baselines if needs_baselines is None else needs_baselines,
+        )
         return fn
 
     return decorator
+
+
+def get_estimator_info(name_or_enum: str | AdvantageEstimator) -> EstimatorInfo:
+    """What the estimator registered as ``name_or_enum`` needs (`EstimatorInfo`).
+
+    Args:
+        name_or_enum: ``algorithm.adv_estimator``.
+
+    Returns:
+        Its info; ValueError listing the registered names if unknown.
+    """
+    get_adv_estimator_fn(name_or_enum)
+    return ADV_ESTIMATOR_INFO.get(_name(name_or_enum), EstimatorInfo())
 
 
 def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> Callable:
@@ -101,7 +151,7 @@ def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> Callable:
 # ----------------------------------------------------------------------------------------------------
 
 
-@register_adv_est(AdvantageEstimator.GAE)
+@register_adv_est(AdvantageEstimator.GAE, needs_critic=True)
 def compute_gae_advantage_return(
     token_level_rewards: torch.Tensor,
     values: torch.Tensor,
@@ -346,7 +396,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     return advantages, advantages
 
 
-@register_adv_est(AdvantageEstimator.REMAX)
+@register_adv_est(AdvantageEstimator.REMAX, needs_baselines=True)
 def compute_remax_outcome_advantage(
     token_level_rewards: torch.Tensor,
     reward_baselines: torch.Tensor,

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 from rlflow.trainer.ppo._common import Count
 from rlflow.trainer.ppo.advantages import (
+    ADV_ESTIMATOR_INFO,
     ADV_ESTIMATOR_REGISTRY,
     AdvantageEstimator,
+    EstimatorInfo,
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
     compute_reinforce_plus_plus_baseline_outcome_advantage,
@@ -34,6 +36,7 @@ from rlflow.trainer.ppo.advantages import (
     compute_remax_outcome_advantage,
     compute_rloo_outcome_advantage,
     get_adv_estimator_fn,
+    get_estimator_info,
     register_adv_est,
 )
 from rlflow.trainer.ppo.kl import (
@@ -59,12 +62,14 @@ from rlflow.trainer.ppo.losses import (
 )
 
 __all__ = [
+    "ADV_ESTIMATOR_INFO",
     "ADV_ESTIMATOR_REGISTRY",
     "AGG_LOSS_MODES",
     "POLICY_LOSS_REGISTRY",
     "AdaptiveKLController",
     "AdvantageEstimator",
     "Count",
+    "EstimatorInfo",
     "FixedKLController",
     "agg_loss",
     "apply_kl_penalty",
@@ -82,6 +87,7 @@ __all__ = [
     "compute_rollout_is_weights",
     "compute_value_loss",
     "get_adv_estimator_fn",
+    "get_estimator_info",
     "get_kl_controller",
     "get_policy_loss_fn",
     "kl_penalty",
