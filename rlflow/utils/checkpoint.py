@@ -15,8 +15,8 @@ only then), so a crash mid-save never leaves a directory that `load_checkpoint` 
 
 Model and optimizer states go through ``torch.distributed.checkpoint.state_dict.get_state_dict`` (sharded
 DTensors for FSDP2, sharded state dicts for FSDP1, plain tensors otherwise), so they load back bitwise
-and can even be resharded to another world size; the RNG states are per rank and need the same world
-size. Files are written by rlflow and loaded with ``weights_only=False`` (they hold numpy RNG states):
+and can be resharded to another world size; the RNG states are per rank and are restored only on the
+same world size. Files are written by rlflow and loaded with ``weights_only=False`` (they hold numpy RNG states):
 load only checkpoints you trust.
 """
 
@@ -49,6 +49,7 @@ __all__ = [
     "is_checkpoint_complete",
     "load_checkpoint",
     "save_checkpoint",
+    "saved_world_size",
     "set_rng_state",
 ]
 
@@ -101,6 +102,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------- directories
+
+
+def saved_world_size(ckpt_dir: str | os.PathLike) -> int:
+    """Number of ranks that wrote the checkpoint ``ckpt_dir`` (its ``meta.json``)."""
+    return int(json.loads((Path(ckpt_dir) / "meta.json").read_text())["world_size"])
 
 
 def is_checkpoint_complete(ckpt_dir: str | os.PathLike) -> bool:
@@ -218,14 +224,17 @@ def load_checkpoint(
         model: FSDP1 wrapper, FSDP2 module or plain module (same architecture).
         optimizer: optimizer over ``model``'s parameters (its state may be empty), or None.
         lr_scheduler: scheduler to restore, or None.
-        load_rng: restore this rank's RNG states (requires the saved world size).
+        load_rng: restore this rank's RNG states. They are per rank, so only a checkpoint of the same
+            world size has them; on another world size they are skipped (every rank keeps its current
+            RNG state, i.e. the seed it started with) and a warning says so.
 
     Returns:
-        The ``extra_state`` given to `save_checkpoint` on this rank.
+        The ``extra_state`` given to `save_checkpoint` on this rank (rank 0's when this rank did not
+        exist in the saved run).
 
     Raises:
         FileNotFoundError: when the directory or its ``COMPLETE`` marker is missing.
-        ValueError: for an optimizer/RNG request the checkpoint cannot satisfy.
+        ValueError: for an optimizer request the checkpoint cannot satisfy.
     """
     path = Path(ckpt_dir)
     if not is_checkpoint_complete(path):
@@ -234,10 +243,15 @@ def load_checkpoint(
     if optimizer is not None and not meta["has_optimizer"]:
         raise ValueError(f"{path} was saved without an optimizer state; pass optimizer=None")
     if load_rng and meta["world_size"] != _world_size():
-        raise ValueError(
-            f"{path} was saved by {meta['world_size']} ranks, this run has {_world_size()}: per-rank RNG "
-            "states cannot be restored; pass load_rng=False"
-        )
+        load_rng = False
+        if _rank() == 0:
+            logger.warning(
+                "%s was saved by %d ranks, this run has %d: model and optimizer are resharded, the per-rank "
+                "RNG states are not restored (each rank keeps its start-up seed)",
+                path,
+                meta["world_size"],
+                _world_size(),
+            )
     model_sd, optim_sd = get_state_dict(model, optimizers=optimizer if optimizer is not None else [])
     state = {"model": model_sd} if optimizer is None else {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path / _MODEL_OPTIM_DIR), no_dist=not dist.is_initialized())

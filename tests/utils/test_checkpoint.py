@@ -208,12 +208,24 @@ def test_incomplete_or_mismatched_checkpoints_are_refused(tmp_path) -> None:
     save_checkpoint(ckpt, model)
     with pytest.raises(ValueError, match="saved without an optimizer state"):
         load_checkpoint(ckpt, model, optimizer)
+    assert not (tmp_path / "global_step_3.tmp").exists()
+
+
+def test_another_world_size_loads_the_weights_and_skips_the_rng(tmp_path, caplog) -> None:
+    """A checkpoint of 2 ranks loads on 1: the weights come back; the per-rank RNG state is skipped."""
+    model, _, _ = _plain(0)
+    ckpt = tmp_path / "global_step_3"
+    torch.manual_seed(123)
+    save_checkpoint(ckpt, model)
     meta = json.loads((ckpt / "meta.json").read_text())
     (ckpt / "meta.json").write_text(json.dumps({**meta, "world_size": 2}))
-    with pytest.raises(ValueError, match="saved by 2 ranks, this run has 1"):
-        load_checkpoint(ckpt, model)
-    assert load_checkpoint(ckpt, model, load_rng=False) is None
-    assert not (tmp_path / "global_step_3.tmp").exists()
+    other, _, _ = _plain(1)
+    torch.manual_seed(7)
+    state_before = torch.get_rng_state()
+    assert load_checkpoint(ckpt, other) is None
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values()))
+    assert torch.equal(torch.get_rng_state(), state_before)  # not restored: it belongs to other ranks
+    assert "saved by 2 ranks, this run has 1" in caplog.text
 
 
 def test_find_latest_checkpoint_skips_incomplete(tmp_path) -> None:

@@ -104,9 +104,30 @@ class TrainerCheckpointer:
         if path is None:
             return None
         step_dir = Path(path)
-        groups.actor.load_checkpoint(str(step_dir / "actor"))
+        roles = [("actor", groups.actor)]
         if groups.critic is not None:
             if not (step_dir / "critic").exists():
                 raise ValueError(f"checkpoint {step_dir} has no critic/ but this run uses a critic")
-            groups.critic.load_checkpoint(str(step_dir / "critic"))
+            roles.append(("critic", groups.critic))
+        for role, group in roles:
+            _note_world_size_change(step_dir / role, group.world_size)
+            group.load_checkpoint(str(step_dir / role))
         return torch.load(step_dir / STATE_FILE, weights_only=True)
+
+
+def _note_world_size_change(role_dir: Path, world_size: int) -> None:
+    """Log what a resume on another number of ranks restores and what it re-seeds."""
+    from rlflow.utils.checkpoint import saved_world_size
+
+    saved = saved_world_size(role_dir)
+    if saved == world_size:
+        return
+    logger.warning(
+        "resuming %s written by %d rank(s), this run has %d: model, optimizer and lr schedule are "
+        "resharded by torch.distributed.checkpoint; the per-rank python/numpy/torch RNG states are not "
+        "restored, every rank is re-seeded from trainer.seed (rollout sampling is keyed by step and global "
+        "row, mini-batch shuffles by step: neither reads those states)",
+        role_dir,
+        saved,
+        world_size,
+    )
