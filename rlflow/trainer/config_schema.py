@@ -400,6 +400,8 @@ class TrainerConfig:
         total_training_steps: None = ``total_epochs`` times the steps per epoch.
         save_freq / test_freq: every N steps; -1 = never.
         critic_warmup: first steps that train only the critic.
+        worker_start_timeout_s: bound on starting every role's actors and building their models; a
+            heartbeat line names what is still pending every 30 s, then an error names the role.
         resume_mode: auto | disable | resume_path (then ``resume_from_path`` is the checkpoint dir).
         peak_tflops: peak TFLOP/s of one worker for the MFU; None = datasheet table on GPU, measured
             matmul rate on CPU.
@@ -429,6 +431,7 @@ class TrainerConfig:
     balance_batch: bool = True
     seed: int = 1
     placement_timeout_s: float = 60
+    worker_start_timeout_s: float = 600
     peak_tflops: float | None = None
     validation_data_dir: str | None = None
 

@@ -9,7 +9,8 @@ rejects unknown keys and wrong types at composition; this module checks what one
 * numbers: learning rates, clip ratios, sampling temperature, step counts;
 * layout: world size ``trainer.nnodes × trainer.n_gpus_per_node``; the critic's world size; Ulysses sizes
   divide the world sizes and the model's heads; batch divisibility (below);
-* the critic: needed iff ``algorithm.adv_estimator == "gae"`` unless ``critic.enable`` says otherwise;
+* the critic: needed iff ``algorithm.adv_estimator`` was registered with ``needs_critic=True`` (gae)
+  unless ``critic.enable`` says otherwise;
 * files: data files, local model paths, the resume checkpoint, custom reward / advantage functions.
 
 Batch divisibility, per role (actor; critic when there is one), with ``n = actor_rollout_ref.rollout.n``
@@ -78,14 +79,25 @@ _FALLBACK_ATTN = ("auto", "sdpa", "eager", "flash_attention_2", "ulysses_sdpa")
 # --------------------------------------------------------------------------- derived facts
 
 
+def _estimator_needs_critic(name: str) -> bool:
+    """Whether the registered estimator ``name`` uses critic values (False for an unknown name)."""
+    from rlflow.trainer.ppo.advantages import ADV_ESTIMATOR_INFO
+
+    info = ADV_ESTIMATOR_INFO.get(str(name))
+    return bool(info is not None and info.needs_critic)
+
+
 def need_critic(cfg: DictConfig) -> bool:
-    """True when the run has a critic: ``critic.enable`` if set, else ``algorithm.adv_estimator == "gae"``.
+    """True when the run has a critic: ``critic.enable`` if set, else whether ``algorithm.adv_estimator``
+    was registered as needing one (``register_adv_est(..., needs_critic=True)``, e.g. gae).
 
     Args:
         cfg: the composed trainer config.
     """
     enable = value_at(cfg, "critic.enable")
-    return value_at(cfg, "algorithm.adv_estimator") == "gae" if enable is None else bool(enable)
+    if enable is None:
+        return _estimator_needs_critic(value_at(cfg, "algorithm.adv_estimator"))
+    return bool(enable)
 
 
 def need_reference_policy(cfg: DictConfig) -> bool:
@@ -140,6 +152,7 @@ def _check_trainer(cfg: DictConfig) -> None:
     at_least(cfg, "trainer.max_critic_ckpt_to_keep", 1, allow_none=True)
     positive(cfg, "trainer.cpus_per_worker")
     positive(cfg, "trainer.placement_timeout_s")
+    positive(cfg, "trainer.worker_start_timeout_s")
     choice(cfg, "trainer.device", DEVICES)
     choice(cfg, "trainer.resume_mode", RESUME_MODES)
     loggers = value_at(cfg, "trainer.logger")
@@ -281,9 +294,9 @@ def _check_critic(cfg: DictConfig) -> None:
     if enable is not None and not isinstance(enable, bool):
         raise ValueError(f"critic.enable={enable!r} must be true, false or null")
     estimator = value_at(cfg, "algorithm.adv_estimator")
-    if estimator == "gae" and enable is False:
+    if enable is False and _estimator_needs_critic(estimator):
         raise ValueError(
-            "critic.enable=false but algorithm.adv_estimator=gae needs a critic (values for GAE); "
+            f"critic.enable=false but algorithm.adv_estimator={estimator} needs a critic (its values); "
             "set critic.enable=null or true, or choose an estimator without a critic (e.g. grpo)"
         )
     if not need_critic(cfg):
