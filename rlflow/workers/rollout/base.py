@@ -38,6 +38,7 @@ __all__ = [
     "SamplingParams",
     "ValKwargs",
     "build_rollout_output",
+    "logprob_temperature",
     "resolve_sampling_params",
 ]
 
@@ -253,8 +254,17 @@ class SamplingParams:
 
     @property
     def logprob_temperature(self) -> float:
-        """Temperature that ``rollout_log_probs`` divide the logits by: ``temperature``, or 1 when it is 0."""
-        return self.temperature if self.temperature > 0 else 1.0
+        """Temperature that ``rollout_log_probs`` divide the logits by (`logprob_temperature`)."""
+        return logprob_temperature(self.temperature)
+
+
+def logprob_temperature(temperature: float) -> float:
+    """The temperature log-probs are taken at: ``temperature``, or 1 for greedy decoding at ``T = 0``.
+
+    The rollout's ``rollout_log_probs`` and the trainer's old / new log-probs both use it, so greedy
+    training rollouts (``do_sample=false``, ``temperature=0``) are scored as ``log_softmax(logits)``.
+    """
+    return float(temperature) if temperature > 0 else 1.0
 
 
 def resolve_sampling_params(config: RolloutConfig, meta_info: Mapping[str, Any]) -> SamplingParams:

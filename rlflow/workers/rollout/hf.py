@@ -16,8 +16,9 @@ How one ``generate_sequences`` call runs:
 3. **Sampling.** ``logits / temperature`` → top-k → top-p (nucleus, Holtzman et al. 2019,
    arXiv:1904.09751) → inverse-CDF sampling with one uniform per row and step. The uniforms come from a
    counter-based hash (the idea of Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3")
-   of ``(seed, step id, dp rank, row index, token position)``: a row's samples do not depend on which
-   other rows share its micro-batch, so ``micro_batch_size`` does not change the output. The step id
+   of ``(seed, step id, row index in the whole batch, token position)``: a row's samples do not depend on
+   which other rows share its micro-batch or its rank, so neither ``micro_batch_size`` nor the
+   data-parallel size changes the output. The step id
    is ``meta_info["global_steps"]`` when present (exact on resume), else a per-engine call counter.
 4. **Log-probs** (``calculate_log_probs``): ``log_softmax(logits / temperature)`` at the sampled token,
    taken *before* top-k / top-p, i.e. the same quantity the trainer's ``compute_log_prob`` computes
@@ -27,6 +28,7 @@ How one ``generate_sequences`` call runs:
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -100,14 +102,17 @@ def _combine(h: torch.Tensor, value: int | torch.Tensor) -> torch.Tensor:
 
 
 def row_keys(
-    seed: int, step: int, rank: int, num_rows: int, device: torch.device | str = "cpu"
+    seed: int, step: int, first_row: int, num_rows: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
-    """32-bit sampling key of each row of one call.
+    """32-bit sampling keys of rows ``first_row .. first_row + num_rows - 1`` of one step's batch.
+
+    A key depends on the row's index in the *whole* batch (after the ``n`` repeat), not on the rank
+    that decodes it, so any data-parallel split of the batch samples the same tokens.
 
     Args:
         seed: ``actor_rollout_ref.rollout.seed`` (any Python int; its low and high 32 bits are used).
         step: step id of the call (``global_steps`` or the call counter).
-        rank: data-parallel rank (rows on different ranks get different streams).
+        first_row: index of this call's first row in the whole batch (``dp_rank × rows per rank``).
         num_rows: rows of the call after the ``n`` repeat.
         device: device of the keys.
 
@@ -115,9 +120,10 @@ def row_keys(
         ``(num_rows,)`` int64 keys in ``[0, 2**32)``.
     """
     h = torch.zeros((), dtype=torch.int64, device=device)
-    for part in (seed & _M32, (seed >> 32) & _M32, step & _M32, rank & _M32):
+    for part in (seed & _M32, (seed >> 32) & _M32, step & _M32):
         h = _combine(h, part)
-    return _combine(h.expand(num_rows), torch.arange(num_rows, device=device))
+    rows = torch.arange(first_row, first_row + num_rows, device=device)
+    return _combine(h.expand(num_rows), rows)
 
 
 def counter_uniform(keys: torch.Tensor, position: int) -> torch.Tensor:
@@ -359,6 +365,9 @@ def build_generation_replica(
         )
     attn = getattr(config, "_attn_implementation", None)
     attn = attn if attn in _ATTN_FOR_REPLICA else "sdpa"  # e.g. a registered Ulysses kernel: not for decoding
+    # transformers writes the attention implementation into the config it is given: build from a copy, so
+    # the training module keeps its own (a Ulysses actor must stay on "rlflow_packed").
+    config = copy.deepcopy(config)
     with torch.device("meta"):
         replica = cls._from_config(config, attn_implementation=attn)
     replica.to(dtype=dtype)
@@ -422,7 +431,8 @@ class HFRollout(BaseRollout):
             wrapper around one.
         config: ``actor_rollout_ref.rollout`` (`RolloutConfig` or a mapping for `RolloutConfig.from_dict`).
         tokenizer: supplies ``eos_token_id`` / ``pad_token_id`` when ``meta_info`` does not.
-        dp_rank: data-parallel rank mixed into the sampling keys; None = the process-group rank.
+        dp_rank: data-parallel rank; with equal chunks per rank it gives this rank's first row in the
+            whole batch (see `row_keys`). None = the process-group rank.
     """
 
     def __init__(
@@ -535,7 +545,8 @@ class HFRollout(BaseRollout):
         eos, pad = self._token_ids(prompts.meta_info)
         batch = prompts.repeat(params.n, interleave=True) if params.n > 1 else prompts
         rows = len(batch)
-        keys = row_keys(self.config.seed, self._step_id(prompts.meta_info), self.dp_rank, rows)
+        # Every rank gets an equal chunk (the dispatcher pads): rank r holds global rows [r*rows, (r+1)*rows).
+        keys = row_keys(self.config.seed, self._step_id(prompts.meta_info), self.dp_rank * rows, rows)
         self._num_calls += 1
         step = self.config.micro_batch_size or max(rows, 1)
         responses, log_probs = [], []

@@ -165,7 +165,7 @@ class VLLMRollout(BaseRollout):
         keys = row_keys(
             self.config.seed,
             2 * int(step) + int(bool(prompts.meta_info.get("validate"))),
-            self.dp_rank,
+            self.dp_rank * len(batch),
             len(batch),
         )
         self._num_calls += 1

@@ -242,3 +242,40 @@ def test_rollout_trainer_agreement(model, tokens, use_remove_padding):
     log_probs, _ = actor.compute_log_prob(out)
     mask = out.batch["response_mask"].bool()
     assert (log_probs[mask] - out.batch["rollout_log_probs"][mask]).abs().max() <= 1e-5
+
+
+def test_generation_replica_leaves_the_training_model_config_alone():
+    """The replica decodes with SDPA, but the training module keeps its own attention implementation:
+    a Ulysses actor (``rlflow_packed``) must still pass its SP check after the first rollout."""
+    from rlflow.models.attention import PACKED_ATTENTION, set_packed_attention
+    from rlflow.workers.rollout.hf import build_generation_replica
+
+    model = set_packed_attention(tiny_model(seed=0))
+    replica = build_generation_replica(model)
+    assert replica.config._attn_implementation == "sdpa"
+    assert model.config._attn_implementation == PACKED_ATTENTION
+    assert replica.config is not model.config
+
+
+def test_samples_do_not_depend_on_the_data_parallel_split(model):
+    """A row's sampling stream is keyed by its index in the whole batch: the same prompts split over 1, 2
+    or 3 data-parallel ranks (equal chunks, as the dispatcher makes them) give the same responses — so a
+    run resumed on another world size, or a layout with another DP size, samples the same tokens."""
+    prompts = random_token_lists([5, 9, 3, 12, 7, 4], seed=3)
+    cfg = {"response_length": RESPONSE_LENGTH, "prompt_length": 32, "n": 2, "temperature": 1.0, "seed": 11}
+    meta = {"eos_token_id": 2, "global_steps": 4}
+
+    def split(dp: int) -> torch.Tensor:
+        step = len(prompts) // dp
+        parts = [
+            HFRollout(model, cfg, dp_rank=r).generate_sequences(
+                make_prompts(prompts[r * step : (r + 1) * step], WIDTH, meta_info=meta)
+            )
+            for r in range(dp)
+        ]
+        return torch.cat([p.batch["responses"] for p in parts])
+
+    whole = split(1)
+    assert torch.equal(split(2), whole)
+    assert torch.equal(split(3), whole)
+    assert not torch.equal(whole[0::2], whole[1::2])  # the n samples of a prompt still differ

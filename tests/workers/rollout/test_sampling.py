@@ -44,7 +44,7 @@ def test_top_p_hand_checked():
 
 
 def test_counter_uniform_is_pure_and_uniform():
-    keys = row_keys(seed=7, step=3, rank=1, num_rows=100_000)
+    keys = row_keys(seed=7, step=3, first_row=0, num_rows=100_000)
     assert keys.dtype == torch.int64 and int(keys.min()) >= 0 and int(keys.max()) < 2**32
     assert keys.unique().numel() == keys.numel()  # distinct streams for distinct rows
     u = counter_uniform(keys, 5)
@@ -54,12 +54,14 @@ def test_counter_uniform_is_pure_and_uniform():
     counts = torch.bincount((u * 20).long(), minlength=20).double()
     chi2 = float(((counts - 5000.0) ** 2 / 5000.0).sum())
     assert chi2 < 43.8, chi2
-    # other positions, seeds and ranks give (almost) uncorrelated streams
-    for other in (counter_uniform(keys, 6), counter_uniform(row_keys(8, 3, 1, 100_000), 5)):
+    # other positions, seeds and steps give (almost) uncorrelated streams
+    others = (row_keys(8, 3, 0, 100_000), row_keys(7, 4, 0, 100_000))
+    for other in (counter_uniform(keys, 6), *(counter_uniform(k, 5) for k in others)):
         corr = torch.corrcoef(torch.stack([u, other]))[0, 1]
         assert abs(float(corr)) < 0.02
-    # a row's key depends only on its own index, not on how many rows the call has
-    assert torch.equal(row_keys(7, 3, 1, 10), keys[:10])
+    # a row's key depends only on its own index, not on how many rows the call has or where it starts
+    assert torch.equal(row_keys(7, 3, 0, 10), keys[:10])
+    assert torch.equal(row_keys(7, 3, 40, 10), keys[40:50])
 
 
 def test_sampled_frequencies_match_filtered_softmax():
