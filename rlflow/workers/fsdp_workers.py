@@ -36,6 +36,7 @@ from rlflow.workers.role_utils import (
     gathered_advantages,
     metrics_proto,
     model_path,
+    peak_memory_metrics,
     per_rank_sizes,
     setup_role_parallel,
     timed_call,
@@ -144,6 +145,7 @@ class _ModelRole(Worker):
             metrics.update(update(data))
         self._offload_optimizer()
         metrics[f"{prefix}/lr"] = self._lr()
+        metrics.update(peak_memory_metrics("perf" if prefix == "actor" else f"perf/{prefix}"))
         self.lr_scheduler.step()
 
     def _offload_optimizer(self) -> None:

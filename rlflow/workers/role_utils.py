@@ -29,6 +29,7 @@ __all__ = [
     "gathered_advantages",
     "metrics_proto",
     "model_path",
+    "peak_memory_metrics",
     "per_rank_sizes",
     "timed_call",
     "tokenizer_path",
@@ -203,9 +204,22 @@ def timed_call(name: str, metrics: dict[str, float], num_tokens: int | None = No
     metrics[f"perf/{name}/time_s"] = time.perf_counter() - start
     if num_tokens is not None:
         metrics[f"perf/{name}/tokens"] = float(num_tokens)
-    if torch.cuda.is_available():
-        metrics[f"perf/{name}/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
-    else:
-        import resource
 
-        metrics[f"perf/{name}/max_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+def peak_memory_metrics(prefix: str = "perf") -> dict[str, float]:
+    """`get_memory_metrics` of this process, maximised over every rank of the role (collective).
+
+    Args:
+        prefix: replaces ``perf`` in the key names (``perf/critic`` for the critic).
+
+    Returns:
+        ``<prefix>/max_rss_gb`` and, on CUDA, ``<prefix>/max_memory_{allocated,reserved}_gb``.
+    """
+    from rlflow.trainer.ppo.metrics import get_memory_metrics
+
+    local = get_memory_metrics()
+    keys = sorted(local)
+    values = torch.tensor([local[k] for k in keys], dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return {k.replace("perf", prefix, 1): float(v) for k, v in zip(keys, values)}

@@ -32,6 +32,7 @@ __all__ = [
     "explained_variance_stats",
     "get_memory_metrics",
     "reduce_metrics",
+    "rollout_probs_diff",
 ]
 
 # Sections of a step whose cost grows with the number of tokens they process, and which tokens those are.
@@ -308,6 +309,34 @@ def explained_variance(returns: torch.Tensor, values: torch.Tensor, mask: torch.
         The explained variance as a float.
     """
     return explained_variance_from_stats(explained_variance_stats(returns, values, mask))
+
+
+def rollout_probs_diff(batch: Any) -> dict[str, float]:
+    """How far the rollout engine's token probabilities are from the trainer's (verl's metric names).
+
+    ``|exp(rollout_log_probs) - exp(old_log_probs)|`` over valid response tokens: 0 up to float noise
+    when the rollout and the training forward agree (DESIGN invariant 2).
+
+    Args:
+        batch: with ``rollout_log_probs``, ``old_log_probs``, ``response_mask``: (bs, response_len).
+
+    Returns:
+        ``training/rollout_probs_diff_{max,mean,std}``.
+    """
+    tensors = _batch_tensors(batch)
+    fn_name = "rollout_probs_diff"
+    mask = _require(tensors, "response_mask", fn_name).bool()
+    rollout = _require(tensors, "rollout_log_probs", fn_name)
+    trainer = _require(tensors, "old_log_probs", fn_name)
+    diff = (rollout.double().exp() - trainer.double().exp()).abs()[mask]
+    if diff.numel() == 0:
+        return {}
+    std = float(diff.std()) if diff.numel() > 1 else 0.0
+    return {
+        "training/rollout_probs_diff_max": float(diff.max()),
+        "training/rollout_probs_diff_mean": float(diff.mean()),
+        "training/rollout_probs_diff_std": std,
+    }
 
 
 def get_memory_metrics(device: str | torch.device | None = None) -> dict[str, float]:

@@ -32,6 +32,7 @@ from rlflow.trainer.ppo.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
+    rollout_probs_diff,
 )
 from rlflow.trainer.ppo.roles import WorkerGroups, build_worker_groups
 from rlflow.utils.seqlen_balancing import balance_batch_across_dp
@@ -275,11 +276,16 @@ class RayPPOTrainer:
         return {f"reward/{k}/mean": float(np.mean(v)) for k, v in extra.items() if _is_numeric(v)}
 
     def _old_log_prob(self, batch: DataProto) -> dict[str, float]:
-        batch.meta_info["temperature"] = float(self.config.actor_rollout_ref.rollout.temperature)
+        from rlflow.workers.rollout.base import logprob_temperature
+
+        temperature = logprob_temperature(self.config.actor_rollout_ref.rollout.temperature)
+        batch.meta_info["temperature"] = temperature
         batch.meta_info["global_steps"] = self.global_steps
         out = self.groups.actor.compute_log_prob(batch)
         metrics = _worker_metrics(out)
         batch.union(out.select(batch_keys=["old_log_probs"], meta_info_keys=[]))
+        if "rollout_log_probs" in batch.batch.keys():
+            metrics.update(rollout_probs_diff(batch))
         return metrics
 
     def _ref_log_prob(self, batch: DataProto) -> None:
