@@ -32,6 +32,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from rlflow.trainer.config_aliases import rewrite_critic_file_keys, rewrite_overrides
 from rlflow.trainer.config_schema import (
     SCHEMA_NAME,
     ActorConfig,
@@ -127,7 +128,8 @@ def load_config(overrides: Sequence[str] | None = None, config_name: str = CONFI
     file (`apply_critic_config_file`). It does not validate: call `validate_config` next.
 
     Args:
-        overrides: Hydra overrides, e.g. ``["algorithm.adv_estimator=grpo", "data.train_batch_size=8"]``.
+        overrides: Hydra overrides, e.g. ``["algorithm.adv_estimator=grpo", "data.train_batch_size=8"]``;
+            verl's spellings of renamed keys are accepted (`rlflow.trainer.config_aliases`).
         config_name: config file name without ``.yaml``.
 
     Returns:
@@ -139,8 +141,9 @@ def load_config(overrides: Sequence[str] | None = None, config_name: str = CONFI
         ValueError: a problem with the critic config file.
     """
     register_configs()
+    overrides = rewrite_overrides(overrides or [])
     with _own_global_hydra(), initialize_config_dir(config_dir=str(config_dir()), version_base=None):
-        cfg = compose(config_name=config_name, overrides=list(overrides or []))
+        cfg = compose(config_name=config_name, overrides=overrides)
     return apply_critic_config_file(cfg)
 
 
@@ -207,7 +210,7 @@ def apply_critic_config_file(cfg: DictConfig) -> DictConfig:
     if path is None:
         return cfg
     resolved = resolve_critic_config_path(path)
-    content = _load_critic_file(resolved)
+    content = OmegaConf.create(rewrite_critic_file_keys(OmegaConf.to_container(_load_critic_file(resolved))))
     try:
         merged = OmegaConf.merge(cfg, {"critic": content})
     except ConfigKeyError as err:

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from rlflow.trainer.config import apply_critic_config_file, config_dir, validate_config
+from rlflow.trainer.config_aliases import rewrite_overrides
 
 logger = logging.getLogger(__name__)
 
@@ -160,10 +162,16 @@ def run_ppo(cfg: DictConfig, tracker: Any | None = None) -> dict[str, Any]:
 
 
 @hydra.main(config_path=str(config_dir()), config_name="ppo_trainer", version_base=None)
-def main(cfg: DictConfig) -> None:
-    """Hydra entry point."""
+def _hydra_main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_ppo(cfg)
+
+
+def main() -> None:
+    """Command-line entry point: Hydra, after rewriting verl's spellings of renamed keys."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sys.argv = [sys.argv[0], *rewrite_overrides(sys.argv[1:])]
+    _hydra_main()
 
 
 if __name__ == "__main__":

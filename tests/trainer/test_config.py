@@ -442,3 +442,35 @@ def test_remax_is_refused_until_the_trainer_generates_baselines():
     cfg = load_config(["algorithm.adv_estimator=remax"])
     with pytest.raises(ValueError, match=r"^algorithm\.adv_estimator=remax needs a greedy baseline"):
         validate_config(cfg, num_attention_heads=4, num_key_value_heads=2)
+
+
+def test_verl_key_aliases_are_rewritten(tmp_path):
+    from rlflow.trainer.config_aliases import rewrite_critic_file_keys, rewrite_overrides
+
+    assert rewrite_overrides(
+        [
+            "critic.model.fsdp_config.param_offload=true",
+            "+critic.model.fsdp_config.fsdp_size=2",
+            "critic.model.path=x",  # not an alias: the critic's model keys stay
+            "--cfg",
+            "job",
+        ]
+    ) == [
+        "critic.fsdp_config.param_offload=true",
+        "+critic.fsdp_config.fsdp_size=2",
+        "critic.model.path=x",
+        "--cfg",
+        "job",
+    ]
+    cfg = load_config(["critic.model.fsdp_config.optimizer_offload=true"])
+    assert cfg.critic.fsdp_config.optimizer_offload is True
+    assert rewrite_critic_file_keys(
+        {"model": {"fsdp_config": {"param_offload": True}, "path": "p"}, "world_size": 1}
+    ) == {
+        "model": {"path": "p"},
+        "fsdp_config": {"param_offload": True},
+        "world_size": 1,
+    }
+    path = tmp_path / "critic.yaml"
+    path.write_text("model:\n  fsdp_config:\n    param_offload: true\n")
+    assert load_config([f"critic.config_path={path}"]).critic.fsdp_config.param_offload is True

@@ -1,0 +1,116 @@
+"""verl's spellings of config keys that rlflow spells differently, accepted as aliases.
+
+A verl command line ports unchanged: before Hydra composes the config, every override whose key starts
+with an alias is rewritten to rlflow's key (and a line is logged once per alias), so the schema keeps one
+owner per knob. The same rewrite applies to the keys of a critic config file (``critic.config_path``).
+
+==================================  ==================================
+verl                                rlflow
+==================================  ==================================
+``critic.model.fsdp_config.*``      ``critic.fsdp_config.*``
+==================================  ==================================
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["KEY_ALIASES", "canonical_key", "rewrite_critic_file_keys", "rewrite_overrides"]
+
+KEY_ALIASES: dict[str, str] = {
+    "critic.model.fsdp_config": "critic.fsdp_config",
+}
+"""verl key (or key prefix) -> rlflow key."""
+
+_PREFIXES = ("++", "+", "~")
+
+
+def canonical_key(key: str) -> str:
+    """rlflow's spelling of the dotted ``key`` (unchanged when no alias applies)."""
+    for alias, target in KEY_ALIASES.items():
+        if key == alias or key.startswith(alias + "."):
+            return target + key[len(alias) :]
+    return key
+
+
+def _split(override: str) -> tuple[str, str, str]:
+    """``(hydra prefix, key, "=value" or "")`` of one command-line override."""
+    prefix = next((p for p in _PREFIXES if override.startswith(p)), "")
+    body = override[len(prefix) :]
+    key, sep, value = body.partition("=")
+    return prefix, key, sep + value
+
+
+def rewrite_overrides(overrides: Iterable[str]) -> list[str]:
+    """Rewrite verl-spelled keys in Hydra overrides (``key=value``, ``+key=value``, ``~key``).
+
+    Arguments that are not overrides (``--cfg``, ``job``, ``-m``) and ``hydra.*`` keys pass through.
+
+    Args:
+        overrides: the overrides as typed on the command line.
+
+    Returns:
+        The same overrides with rlflow's keys.
+    """
+    out = []
+    for item in overrides:
+        if item.startswith("-") or ("=" not in item and not item.startswith("~")):
+            out.append(item)
+            continue
+        prefix, key, rest = _split(item)
+        new = canonical_key(key)
+        if new != key:
+            _note(key, new)
+        out.append(prefix + new + rest)
+    return out
+
+
+def rewrite_critic_file_keys(content: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of a critic config file (relative to ``critic``) with verl's spellings rewritten.
+
+    Args:
+        content: the file's mapping (plain containers).
+
+    Returns:
+        A new nested dict; ``model.fsdp_config`` becomes ``fsdp_config``, and so on.
+    """
+    out: dict[str, Any] = {}
+    for path, value in _flatten(content, ""):
+        new = canonical_key(f"critic.{path}")
+        if new != f"critic.{path}":
+            _note(f"critic.{path}", new)
+        _set(out, new.removeprefix("critic.").split("."), value)
+    return out
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str) -> list[tuple[str, Any]]:
+    items = []
+    for key, value in tree.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and value and canonical_key(f"critic.{path}") == f"critic.{path}":
+            items.extend(_flatten(value, path))
+        else:
+            items.append((path, value))
+    return items
+
+
+def _set(tree: dict[str, Any], parts: list[str], value: Any) -> None:
+    for part in parts[:-1]:
+        tree = tree.setdefault(part, {})
+    if isinstance(value, Mapping) and isinstance(tree.get(parts[-1]), dict):
+        tree[parts[-1]].update(value)
+    else:
+        tree[parts[-1]] = value
+
+
+_noted: set[str] = set()
+
+
+def _note(old: str, new: str) -> None:
+    if old not in _noted:
+        _noted.add(old)
+        logger.info("config key %s is verl's spelling of %s (accepted as an alias)", old, new)
