@@ -41,10 +41,10 @@ setup(
     else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=[*find_packages(include=["rlflow", "rlflow.*"]), "rlflow.config"],
-    # The Hydra configs live at the repository root and ship inside the wheel as ``rlflow.config``.
-    package_dir={"rlflow.config": "config"},
-    package_data={"rlflow.config": ["*.yaml", "*/*.yaml", "*/*/*.yaml"]},
+    packages=[*find_packages(include=["rlflow", "rlflow.*"]), "rlflow.config.files"],
+    # The Hydra configs live at the repository root and ship inside the wheel as ``rlflow.config.files``.
+    package_dir={"rlflow.config.files": "config"},
+    package_data={"rlflow.config.files": ["*.yaml", "*/*.yaml", "*/*/*.yaml"]},
     include_package_data=True,
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,

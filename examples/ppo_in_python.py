@@ -5,7 +5,7 @@ suite executes it (tests/trainer/test_examples.py).
 """
 
 # %% Compose the config: the same keys as the command line overrides.
-from rlflow.trainer.config import load_config
+from rlflow.config import load_config
 from rlflow.trainer.main_ppo import run_ppo
 
 cfg = load_config(

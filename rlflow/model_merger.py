@@ -5,7 +5,7 @@
     python -m rlflow.model_merger --local_dir checkpoints/rlflow/tiny_ppo/global_step_40/actor \\
         --target_dir exported/actor [--role actor|critic] [--model_path <base HF dir>] [--dtype bf16]
 
-The trainer saves each role with `rlflow.utils.checkpoint.save_checkpoint`: a
+The trainer saves each role with `rlflow.parallel.checkpoint.save_checkpoint`: a
 ``torch.distributed.checkpoint`` (DCP) directory ``model_optim/`` holding the shards of every rank
 under the keys ``model.<parameter name>`` (and ``optim.*``), plus ``meta.json`` and a ``COMPLETE``
 marker. This tool needs no process group and no GPU: it reads the DCP metadata for the names, shapes
@@ -22,7 +22,7 @@ label (the value model of `rlflow.models.loader.load_value_model`).
 
 The output loads with ``AutoModelForCausalLM.from_pretrained(target_dir)`` (actor) or
 ``AutoModelForTokenClassification.from_pretrained(target_dir)`` (critic). Checkpoints are trusted input
-(see `rlflow.utils.checkpoint`).
+(see `rlflow.parallel.checkpoint`).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def _checkpoint_dir(local_dir: str | os.PathLike, role: str) -> Path:
     if not (path / MODEL_OPTIM_DIR).is_dir():
         raise FileNotFoundError(
             f"--local_dir {local_dir}: no {MODEL_OPTIM_DIR}/ directory (expected a role checkpoint such as "
-            f"global_step_N/{role}, written by rlflow.utils.checkpoint.save_checkpoint)"
+            f"global_step_N/{role}, written by rlflow.parallel.checkpoint.save_checkpoint)"
         )
     if not (path / "COMPLETE").is_file():
         raise FileNotFoundError(f"--local_dir {path}: no COMPLETE marker; the save did not finish")

@@ -20,7 +20,7 @@ from rlflow.data.tasks import EASY_TASK, ensure_task_files
 from rlflow.models.loader import load_causal_lm, load_tokenizer
 from rlflow.models.tiny import get_tiny_model_path
 from rlflow.protocol import DataProto
-from rlflow.workers.reward import NaiveRewardManager
+from rlflow.reward import NaiveRewardManager
 
 
 def response_mask(responses: torch.Tensor, eos_token_id: int) -> torch.Tensor:

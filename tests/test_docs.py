@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from rlflow.trainer.config import load_config
+from rlflow.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"

@@ -1,7 +1,7 @@
 """rlflow.model_merger: FSDP2 checkpoints of the actor and the critic → HF directories, no process group.
 
 Two gloo ranks build the actor (causal LM) and the critic (value model with a fresh head) the way the
-trainer does (`rlflow.workers.role_utils.build_role_module`, FSDP2), take one AdamW step (so the
+trainer does (`rlflow.workers.role_setup.build_role_module`, FSDP2), take one AdamW step (so the
 checkpoint also holds optimizer state, which the merger must skip) and add seeded noise to every shard,
 then save with `save_checkpoint`. The merger runs in this process (function) and in a subprocess
 (``python -m rlflow.model_merger``); the exported models must carry exactly the sharded module's full
@@ -19,14 +19,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
+from rlflow.engine.optim import build_optimizer
 from rlflow.model_merger import main, merge_checkpoint, resolve_base_model_path
 from rlflow.models.tiny import TinyModelConfig, build_tiny_tokenizer, save_tiny_model
-from rlflow.utils.checkpoint import save_checkpoint
-from rlflow.utils.distributed import spawn_workers
-from rlflow.utils.optim import build_optimizer
-from rlflow.workers.fsdp import ParallelDims
-from rlflow.workers.fsdp_utils import get_full_state_dict
-from rlflow.workers.role_utils import RoleParallel, build_role_module
+from rlflow.parallel.checkpoint import save_checkpoint
+from rlflow.parallel.dims import ParallelDims
+from rlflow.parallel.distributed import spawn_workers
+from rlflow.parallel.sharded import get_full_state_dict
+from rlflow.workers.role_setup import RoleParallel, build_role_module
 
 CFG = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, max_position_embeddings=64)
 OPTIM = {"lr": 1e-2, "weight_decay": 0.0, "lr_scheduler_type": "constant"}

@@ -24,7 +24,7 @@ def test_installed_wheel_finds_its_configs(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(target)}
     work = tmp_path / "elsewhere"
     work.mkdir()
-    probe = "import rlflow.trainer.config as c; print(c.config_dir())"
+    probe = "import rlflow.config.loading as c; print(c.config_dir())"
     out = subprocess.run(
         [sys.executable, "-c", probe], cwd=work, env=env, capture_output=True, text=True, check=True
     )

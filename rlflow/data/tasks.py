@@ -8,7 +8,7 @@ Each row::
      "reward_model": {"style": "rule", "ground_truth": "cccc"},
      "extra_info": {"split": "train", "index": 0, ...task fields...}}
 
-Tasks (scorers in :mod:`rlflow.workers.reward.synthetic`):
+Tasks (scorers in :mod:`rlflow.reward.synthetic`):
 
 * ``repeat`` (easy; ``data_source="rlflow/repeat"``): "repeat {letter} x{count}" with a letter from a small
   alphabet ("abcde") and a count in 2..5; the answer is the letter repeated (``"cccc"``). Partial credit:

@@ -6,10 +6,10 @@ Importing this module registers :data:`PACKED_ATTENTION` (``"rlflow_packed"``) i
 the same model then serves three kinds of forward:
 
 * **Packed rows** (``attention_mask=None``, ``position_ids`` restarting at 0 per sequence, as produced by
-  ``rlflow.utils.padding.unpad_micro_batch``): the sequences are found from ``position_ids`` (a new
+  ``rlflow.models.padding.unpad_micro_batch``): the sequences are found from ``position_ids`` (a new
   sequence wherever the position does not grow by exactly 1, the rule transformers and flash-attn use) and
   attention stays inside each sequence. Exact with or without a cache.
-* **Ulysses SP** (an SP group set with ``rlflow.utils.ulysses.ulysses_group``): each rank holds a slice of
+* **Ulysses SP** (an SP group set with ``rlflow.parallel.ulysses.ulysses_group``): each rank holds a slice of
   the packed row; q, k, v go through an all-to-all (gather sequence, scatter heads), every rank attends over
   the full sequence for ``heads / sp`` heads, and the inverse all-to-all brings back its own slice.
   DeepSpeed-Ulysses: Jacobs et al. 2023, arXiv:2309.14509.
@@ -38,7 +38,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from rlflow.utils.ulysses import (
+from rlflow.parallel.ulysses import (
     gather_heads_scatter_seq,
     gather_outputs_and_unpad,
     gather_seq_scatter_heads,

@@ -15,13 +15,13 @@ responses right-padded) and returns per-sample outputs aligned with the response
 
 Entries at padded response positions (``response_mask == 0``) are meaningless; callers mask them.
 
-With ``use_remove_padding=True`` the micro-batch is packed into one row (``rlflow.utils.padding``) and the
+With ``use_remove_padding=True`` the micro-batch is packed into one row (``rlflow.models.padding``) and the
 outputs are scattered back to the padded layout; with an SP group of size > 1 the packed row is also padded
-and sliced across the group (``rlflow.utils.ulysses``), attention runs as Ulysses attention
+and sliced across the group (``rlflow.parallel.ulysses``), attention runs as Ulysses attention
 (``rlflow.models.attention``, the model must use ``attn_implementation="rlflow_packed"``), and the per-token
 outputs are all-gathered so every SP rank returns the full micro-batch. The loss computed from them is the
 full-sequence loss on every SP rank; the gather's backward makes FSDP's gradient mean over ``dp * sp`` ranks
-equal the gradient without SP (see ``rlflow.utils.ulysses``). ``use_cache=False`` is always passed.
+equal the gradient without SP (see ``rlflow.parallel.ulysses``). ``use_cache=False`` is always passed.
 """
 
 from __future__ import annotations
@@ -33,15 +33,15 @@ import torch
 from tensordict import TensorDictBase
 
 from rlflow.models.attention import PACKED_ATTENTION, PACKED_ATTENTION_ALIASES  # registers "rlflow_packed"
-from rlflow.utils.padding import gather_response_outputs, pad_input, unpad_micro_batch
-from rlflow.utils.torch_functional import entropy_from_logits, logprobs_from_logits
-from rlflow.utils.ulysses import (
+from rlflow.models.padding import gather_response_outputs, pad_input, unpad_micro_batch
+from rlflow.parallel.ulysses import (
     gather_outputs_and_unpad,
     get_ulysses_sequence_parallel_rank,
     get_ulysses_sequence_parallel_world_size,
     ulysses_group,
     ulysses_pad_and_slice_inputs,
 )
+from rlflow.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
 __all__ = [
     "OUTPUT_KINDS",

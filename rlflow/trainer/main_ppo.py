@@ -3,7 +3,7 @@
 With no overrides it trains PPO with a critic on the embedded tiny model and the easy synthetic task,
 on CPU with a local Ray. Library use::
 
-    from rlflow.trainer.config import load_config
+    from rlflow.config import load_config
     from rlflow.trainer.main_ppo import run_ppo
 
     cfg = load_config(["trainer.total_training_steps=3"])
@@ -20,8 +20,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from rlflow.trainer.config import apply_critic_config_file, config_dir, validate_config
-from rlflow.trainer.config_aliases import rewrite_overrides
+from rlflow.config import apply_critic_config_file, config_dir, validate_config
+from rlflow.config.aliases import rewrite_overrides
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def build_data(cfg: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
 
 def build_reward_fns(cfg: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
     """Reward managers for training and validation (custom score function if configured)."""
-    from rlflow.workers.reward import NaiveRewardManager, get_custom_reward_fn
+    from rlflow.reward import NaiveRewardManager, get_custom_reward_fn
 
     custom = get_custom_reward_fn(OmegaConf.to_container(cfg, resolve=True))
     rm = cfg.reward_model
@@ -102,7 +102,7 @@ def build_reward_fns(cfg: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
 
 
 def build_tracker(cfg: DictConfig) -> Any:
-    from rlflow.utils.tracking import Tracking
+    from rlflow.logging.tracking import Tracking
 
     t = cfg.trainer
     log_dir = t.log_dir or os.path.join("outputs", str(t.project_name), str(t.experiment_name))
@@ -120,7 +120,7 @@ def build_trainer(cfg: DictConfig, tracker: Any | None = None) -> Any:
     (workers not created yet: ``trainer.init_workers()`` or ``trainer.fit()`` does it)."""
     from rlflow.models.loader import load_tokenizer
     from rlflow.single_controller import init_ray
-    from rlflow.trainer.ppo.ray_trainer import RayPPOTrainer
+    from rlflow.trainer.ray_trainer import RayPPOTrainer
 
     cfg = prepare_config(cfg)
     model = cfg.actor_rollout_ref.model
@@ -133,7 +133,7 @@ def build_trainer(cfg: DictConfig, tracker: Any | None = None) -> Any:
     custom_adv = None
     spec = cfg.algorithm.custom_advantage_function
     if spec.path:
-        from rlflow.trainer.ppo.custom_advantage import load_custom_advantage_fn
+        from rlflow.algos.custom import load_custom_advantage_fn
 
         custom_adv = load_custom_advantage_fn(str(spec.path), str(spec.name))
     ray_cfg = cfg.ray_init

@@ -1,6 +1,6 @@
 """Critic update benchmark: remove-padding vs padded, dynamic vs fixed micro-batching, Ulysses SP memory.
 
-Three measurements of `rlflow.workers.critic.DataParallelPPOCritic.update_critic` on a Qwen2 value model
+Three measurements of `rlflow.engine.critic.DataParallelPPOCritic.update_critic` on a Qwen2 value model
 (``Qwen2ForTokenClassification``, one label) wrapped with FSDP2 on gloo, fp32, CPU:
 
 1. **Remove-padding vs padded.** One mini-batch of ``--batch-size`` samples whose total lengths are spread
@@ -46,9 +46,9 @@ from typing import Any
 
 import torch
 
+from rlflow.engine.seqlen_balancing import rearrange_micro_batches
+from rlflow.parallel.distributed import spawn_workers
 from rlflow.protocol import DataProto
-from rlflow.utils.distributed import spawn_workers
-from rlflow.utils.seqlen_balancing import rearrange_micro_batches
 
 MIB = 2**20
 
@@ -110,8 +110,9 @@ def role_config(settings: dict[str, Any], mini_batch_size: int) -> dict[str, Any
 
 def build_critic(settings: dict[str, Any], world: int, model_kw: dict[str, int], mini_batch_size: int):
     """FSDP2-wrapped critic with AdamW on this process group; returns ``(critic, dims)``."""
-    from rlflow.workers.critic import DataParallelPPOCritic
-    from rlflow.workers.fsdp import ParallelDims, apply_fsdp
+    from rlflow.engine.critic import DataParallelPPOCritic
+    from rlflow.parallel.dims import ParallelDims
+    from rlflow.parallel.fsdp import apply_fsdp
 
     sp = int(settings.get("sp", 1))
     model = build_value_model(model_kw, bool(settings.get("rmpad")))

@@ -2,7 +2,7 @@
 
 Methods (same model, same prompts, same sampling: temperature 1, top-k 50, top-p 0.9, EOS stops a row):
 
-* ``ours``: `rlflow.workers.rollout.hf.HFRollout.generate_sequences` (own KV-cache loop, DynamicCache).
+* ``ours``: `rlflow.rollout.hf.HFRollout.generate_sequences` (own KV-cache loop, DynamicCache).
 * ``generate``: plain batched ``model.generate(do_sample=True, ...)`` (DynamicCache).
 * ``generate_static``: ``model.generate(..., cache_implementation="static")``.
 * ``continuous``: ``model.generate_batch`` (transformers continuous batching, paged cache).
@@ -28,8 +28,8 @@ import torch
 
 from rlflow.models.tiny import TinyModelConfig, build_tiny_model
 from rlflow.protocol import DataProto
+from rlflow.rollout.hf import HFRollout
 from rlflow.utils.torch_functional import get_response_mask
-from rlflow.workers.rollout.hf import HFRollout
 
 PAD = 0
 EOS: list[int] = [2]  # set from --num-eos: more EOS ids = rows stop earlier and at more varied lengths

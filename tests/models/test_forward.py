@@ -19,7 +19,7 @@ from rlflow.models.attention import (
     packed_sequence_lengths,
 )
 from rlflow.models.forward import forward_micro_batch, last_valid_index
-from rlflow.utils.distributed import spawn_workers
+from rlflow.parallel.distributed import spawn_workers
 
 PROMPT_LENS = [6, 3, 4, 1]
 RESPONSE_LENS = [5, 2, 4, 2]  # 27 valid tokens: odd, so Ulysses SP 2 pads the packed row by 1
@@ -298,7 +298,9 @@ def test_ulysses_sp2_matches_sp1_outputs_and_averaged_grads() -> None:
 
 def _sp_checkpointing_worker(rank: int) -> dict:
     """FSDP2 over 2 ranks, Ulysses SP 2, gradient checkpointing on: the production wrapping path."""
-    from rlflow.workers.fsdp import ParallelDims, apply_fsdp, gather_full_grads
+    from rlflow.parallel.dims import ParallelDims
+    from rlflow.parallel.fsdp import apply_fsdp
+    from rlflow.parallel.sharded import gather_full_grads
 
     dims = ParallelDims(world_size=2, ulysses_sequence_parallel_size=2).build_meshes("cpu")
     group = dims.ulysses_mesh["sp"].get_group()

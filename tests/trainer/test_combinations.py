@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from rlflow.trainer.config import load_config
+from rlflow.config import load_config
 from rlflow.trainer.main_ppo import run_ppo
 
 REPO = Path(__file__).resolve().parents[2]

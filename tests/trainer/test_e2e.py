@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlflow.config import load_config
 from rlflow.protocol import DataProtoFuture, FutureSlice
-from rlflow.trainer.config import load_config
 from rlflow.trainer.main_ppo import build_trainer, run_ppo
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
@@ -82,7 +82,7 @@ def test_ppo_layouts_and_values_never_reach_the_driver(tmp_path, monkeypatch):
 
 
 def test_critic_warmup_leaves_actor_weights_bit_identical(tmp_path):
-    from rlflow.workers.fsdp_utils import gather_full_params
+    from rlflow.parallel.sharded import gather_full_params
 
     def snapshot(worker):
         return {k: v.clone() for k, v in gather_full_params(worker.module).items()}
@@ -170,7 +170,7 @@ def test_custom_advantage_function_end_to_end(tmp_path):
 
 
 def test_grpo_without_critic(tmp_path):
-    from rlflow.utils.rollout_viewer import load_rollouts
+    from rlflow.logging.rollout_viewer import load_rollouts
 
     gens = tmp_path / "gens"
     cfg = load_config(

@@ -1,4 +1,4 @@
-"""Driver-side metrics (rlflow.trainer.ppo.metrics) and FLOPs / peak estimates (rlflow.utils.flops),
+"""Driver-side metrics (rlflow.trainer.metrics) and FLOPs / peak estimates (rlflow.logging.flops),
 checked against hand-computed numbers."""
 
 from __future__ import annotations
@@ -9,18 +9,8 @@ import pytest
 import torch
 import transformers
 
-from rlflow.protocol import DataProto
-from rlflow.trainer.ppo.metrics import (
-    compute_data_metrics,
-    compute_throughput_metrics,
-    compute_timing_metrics,
-    explained_variance,
-    explained_variance_from_stats,
-    explained_variance_stats,
-    get_memory_metrics,
-    reduce_metrics,
-)
-from rlflow.utils.flops import (
+from rlflow.algos.stats import explained_variance, explained_variance_from_stats, explained_variance_stats
+from rlflow.logging.flops import (
     FlopsCounter,
     count_matmul_params,
     estimate_flops_per_token,
@@ -28,6 +18,14 @@ from rlflow.utils.flops import (
     measure_peak_flops,
     peak_flops,
     transformer_shape,
+)
+from rlflow.logging.memory import get_memory_metrics
+from rlflow.protocol import DataProto
+from rlflow.trainer.metrics import (
+    compute_data_metrics,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+    reduce_metrics,
 )
 
 EOS = 2

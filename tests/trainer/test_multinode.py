@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent(
     from ray.cluster_utils import Cluster
 
     from rlflow.single_controller import init_ray
-    from rlflow.trainer.config import load_config
+    from rlflow.config import load_config
     from rlflow.trainer.main_ppo import build_trainer
 
     out_dir = sys.argv[1]

@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from rlflow.trainer.config import load_config
+from rlflow.config import load_config
 from rlflow.trainer.main_ppo import run_ppo
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]

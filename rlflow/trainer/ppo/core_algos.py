@@ -4,11 +4,11 @@ Advantage estimators, policy / value / entropy / KL losses, loss aggregation and
 and keyword names follow verl's ``verl.trainer.ppo.core_algos`` so research code written against verl runs
 unchanged: every name is importable from here. The code lives in
 
-* ``rlflow.trainer.ppo.advantages``: advantage estimators and their registry (``register_adv_est``,
+* ``rlflow.algos.advantages``: advantage estimators and their registry (``register_adv_est``,
   ``get_adv_estimator_fn``, ``AdvantageEstimator``);
-* ``rlflow.trainer.ppo.losses``: ``agg_loss``, policy losses and their registry, value, entropy losses
+* ``rlflow.algos.losses``: ``agg_loss``, policy losses and their registry, value, entropy losses
   and rollout importance-sampling weights;
-* ``rlflow.trainer.ppo.kl``: KL estimators (``kl_penalty``), ``compute_kl_loss``, ``apply_kl_penalty``
+* ``rlflow.algos.kl``: KL estimators (``kl_penalty``), ``compute_kl_loss``, ``apply_kl_penalty``
   and the KL controllers.
 
 Shapes: ``bs`` responses of ``response_len`` tokens; every per-token tensor is ``(bs, response_len)`` and
@@ -23,8 +23,7 @@ them. Every loss takes the keyword-only ``global_token_num``, ``global_seq_num``
 
 from __future__ import annotations
 
-from rlflow.trainer.ppo._common import Count
-from rlflow.trainer.ppo.advantages import (
+from rlflow.algos.advantages import (
     ADV_ESTIMATOR_INFO,
     ADV_ESTIMATOR_REGISTRY,
     AdvantageEstimator,
@@ -39,7 +38,8 @@ from rlflow.trainer.ppo.advantages import (
     get_estimator_info,
     register_adv_est,
 )
-from rlflow.trainer.ppo.kl import (
+from rlflow.algos.common import Count
+from rlflow.algos.kl import (
     AdaptiveKLController,
     FixedKLController,
     apply_kl_penalty,
@@ -47,7 +47,7 @@ from rlflow.trainer.ppo.kl import (
     get_kl_controller,
     kl_penalty,
 )
-from rlflow.trainer.ppo.losses import (
+from rlflow.algos.losses import (
     AGG_LOSS_MODES,
     POLICY_LOSS_REGISTRY,
     agg_loss,

@@ -1,0 +1,41 @@
+"""The typed trainer config: schema dataclasses, loading (Hydra) and validation, one owner per knob.
+
+Command line (Hydra)::
+
+    python -m rlflow.trainer.main_ppo algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=4
+
+Library / notebook::
+
+    from rlflow.config import load_config, validate_config
+    cfg = load_config(["trainer.total_training_steps=5"])
+    validate_config(cfg, num_attention_heads=4, num_key_value_heads=2)
+
+* `schema` — the dataclasses (registered with Hydra's ConfigStore); workers receive them typed.
+* `loading` — where the YAML lives, composing it, the critic config file.
+* `aliases` — verl's spellings of keys rlflow names differently.
+* `validate` / `checks` — cross-key rules, raising ``ValueError`` naming the key path.
+"""
+
+from rlflow.config.loading import (
+    CONFIG_NAME,
+    apply_critic_config_file,
+    config_dir,
+    load_config,
+    resolve_critic_config_path,
+)
+from rlflow.config.schema import SCHEMA_NAME, PPOTrainerConfig, register_configs
+from rlflow.config.validate import need_critic, need_reference_policy, validate_config
+
+__all__ = [
+    "CONFIG_NAME",
+    "SCHEMA_NAME",
+    "PPOTrainerConfig",
+    "apply_critic_config_file",
+    "config_dir",
+    "load_config",
+    "need_critic",
+    "need_reference_policy",
+    "register_configs",
+    "resolve_critic_config_path",
+    "validate_config",
+]

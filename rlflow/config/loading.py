@@ -1,0 +1,186 @@
+"""Where the trainer config lives and how it is composed: Hydra, the critic config file, verl aliases.
+
+``main_ppo`` uses ``@hydra.main(config_path=str(config_dir()), config_name="ppo_trainer",
+version_base=None)``, then `apply_critic_config_file` and `rlflow.config.validate.validate_config`.
+Importing `rlflow.config.schema` registers the typed schema with Hydra's ConfigStore, which
+``ppo_trainer.yaml`` names in its defaults list.
+
+Precedence, lowest first: schema defaults = ``ppo_trainer.yaml`` < command-line overrides < the critic
+config file (``critic.config_path``), whose keys override the ``critic`` group after composition.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from importlib.resources import files
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from rlflow.config.aliases import rewrite_critic_file_keys, rewrite_overrides
+from rlflow.config.schema import register_configs
+
+__all__ = [
+    "CONFIG_NAME",
+    "YAML_PACKAGE",
+    "apply_critic_config_file",
+    "config_dir",
+    "load_config",
+    "resolve_critic_config_path",
+]
+
+CONFIG_NAME = "ppo_trainer"
+"""Name of the main config file (``config/ppo_trainer.yaml``)."""
+
+YAML_PACKAGE = "rlflow.config.files"
+"""The package the repository's top-level ``config/`` directory is installed as (``setup.py``)."""
+
+_CRITIC_PATH_KEY = "critic.config_path"
+
+
+def config_dir() -> Path:
+    """Absolute path of the Hydra config directory (the one holding ``ppo_trainer.yaml``).
+
+    The repository's ``config/`` is installed as the package `YAML_PACKAGE` (see ``setup.py``); when
+    that package is not importable (running from a source tree that was not installed), the ``config/``
+    next to the ``rlflow`` package is used.
+
+    Returns:
+        The directory, absolute.
+
+    Raises:
+        FileNotFoundError: when neither location holds ``ppo_trainer.yaml``.
+    """
+    candidates = []
+    with contextlib.suppress(ModuleNotFoundError, TypeError):
+        candidates.append(Path(str(files(YAML_PACKAGE))))
+    candidates.append(Path(__file__).resolve().parents[2] / "config")
+    for candidate in candidates:
+        if (candidate / f"{CONFIG_NAME}.yaml").is_file():
+            return candidate.resolve()
+    raise FileNotFoundError(
+        f"cannot find {CONFIG_NAME}.yaml in the {YAML_PACKAGE} package or in {candidates[-1]}; "
+        "reinstall rlflow (pip install -e .)"
+    )
+
+
+@contextlib.contextmanager
+def _own_global_hydra() -> Iterator[None]:
+    """Let ``initialize_config_dir`` run even inside a Hydra app; restore the app's Hydra afterwards."""
+    saved = GlobalHydra.instance().hydra
+    GlobalHydra.instance().clear()
+    try:
+        yield
+    finally:
+        GlobalHydra.instance().hydra = saved
+
+
+def load_config(overrides: Sequence[str] | None = None, config_name: str = CONFIG_NAME) -> DictConfig:
+    """Compose the trainer config in Python (notebooks, scripts, tests), as the command line would.
+
+    Composes ``config_name`` from `config_dir` with Hydra's compose API, then applies the critic config
+    file (`apply_critic_config_file`). It does not validate: call `validate_config` next.
+
+    Args:
+        overrides: Hydra overrides, e.g. ``["algorithm.adv_estimator=grpo", "data.train_batch_size=8"]``;
+            verl's spellings of renamed keys are accepted (`rlflow.config.aliases`).
+        config_name: config file name without ``.yaml``.
+
+    Returns:
+        The composed config, typed by the schema and in struct mode (unknown keys raise).
+
+    Raises:
+        hydra.errors.ConfigCompositionException: an override names an unknown key or has the wrong type
+            (the message names the key path).
+        ValueError: a problem with the critic config file.
+    """
+    register_configs()
+    overrides = rewrite_overrides(overrides or [])
+    with _own_global_hydra(), initialize_config_dir(config_dir=str(config_dir()), version_base=None):
+        cfg = compose(config_name=config_name, overrides=overrides)
+    return apply_critic_config_file(cfg)
+
+
+def resolve_critic_config_path(path: str) -> Path:
+    """Find the critic config file ``path``: as given (absolute, or relative to the working directory),
+    then relative to `config_dir`.
+
+    Args:
+        path: the value of ``critic.config_path``.
+
+    Returns:
+        The absolute path of an existing file.
+
+    Raises:
+        ValueError: naming ``critic.config_path`` and the places looked at, when no file is found.
+    """
+    expanded = Path(os.path.expanduser(str(path)))
+    candidates = [expanded.resolve()]
+    if not expanded.is_absolute():
+        candidates.append((config_dir() / expanded).resolve())
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    looked = ", ".join(str(c) for c in candidates)
+    raise ValueError(f"{_CRITIC_PATH_KEY}={path!r}: no such file (looked at {looked})")
+
+
+def _load_critic_file(path: Path) -> DictConfig:
+    """Read the critic config file as a mapping (ValueError naming the file otherwise)."""
+    try:
+        content = OmegaConf.load(path)
+    except Exception as err:  # YAML syntax errors come in several exception types
+        raise ValueError(f"{_CRITIC_PATH_KEY}: cannot read {path}: {err}") from err
+    if not isinstance(content, DictConfig):
+        raise ValueError(
+            f"{_CRITIC_PATH_KEY}: {path} must hold a mapping of critic keys, got {type(content).__name__}"
+        )
+    if "config_path" in content:
+        raise ValueError(f"{_CRITIC_PATH_KEY}: {path} sets critic.config_path itself; remove that key")
+    return content
+
+
+def apply_critic_config_file(cfg: DictConfig) -> DictConfig:
+    """Override the ``critic`` group with the keys of the YAML file ``critic.config_path`` (if set).
+
+    The file holds keys of the ``critic`` group (no ``critic:`` prefix), e.g. a different parallel layout
+    (``world_size``, ``ulysses_sequence_parallel_size``, ``use_dynamic_bsz``, ``strategy``) or a different
+    ``optim.lr`` / ``model.path``. Its keys take precedence over command-line ``critic.*`` overrides.
+    Interpolations in the file resolve against the whole config. ``critic.config_path`` becomes the
+    absolute path of the file, so applying twice gives the same config.
+
+    Args:
+        cfg: a composed config (`load_config` or ``@hydra.main``); not modified.
+
+    Returns:
+        The merged config (struct mode and schema types kept), or ``cfg`` when no file is set.
+
+    Raises:
+        ValueError: the file is missing or not a mapping (naming ``critic.config_path``), or holds an
+            unknown key or a value of the wrong type (naming the file and the key path, e.g.
+            ``critic.optim.lrr``).
+    """
+    path = cfg.critic.config_path
+    if path is None:
+        return cfg
+    resolved = resolve_critic_config_path(path)
+    content = OmegaConf.create(rewrite_critic_file_keys(OmegaConf.to_container(_load_critic_file(resolved))))
+    try:
+        merged = OmegaConf.merge(cfg, {"critic": content})
+    except ConfigKeyError as err:
+        key = err.full_key or "critic"
+        raise ValueError(
+            f"{_CRITIC_PATH_KEY}: {resolved} sets unknown key {key!r} ({str(err).splitlines()[0]})"
+        ) from err
+    except (ValidationError, OmegaConfBaseException) as err:
+        key = err.full_key or "critic"
+        raise ValueError(
+            f"{_CRITIC_PATH_KEY}: {resolved} sets a bad value for {key!r}: {str(err).splitlines()[0]}"
+        ) from err
+    merged.critic.config_path = str(resolved)
+    return merged

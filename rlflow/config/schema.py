@@ -1,0 +1,475 @@
+"""Typed schema of the PPO trainer config (``config/ppo_trainer.yaml``), one dataclass per group.
+
+The dataclasses are registered with Hydra's ConfigStore as ``rlflow_ppo_schema``; ``ppo_trainer.yaml``
+lists that name first in its defaults list, so composition merges the YAML (and then the command-line
+overrides) onto this schema. A key that is not in the schema, or a value of the wrong type, fails at
+composition with the key path (Hydra/OmegaConf name it as ``full_key``).
+
+Key paths follow verl (``data.*``, ``actor_rollout_ref.{model,actor,ref,rollout}.*``, ``critic.*``,
+``reward_model.*``, ``custom_reward_function.*``, ``algorithm.*``, ``trainer.*``) so that a verl command
+line ports with few changes. The defaults here and in the YAML are the same (a test checks it); the YAML
+carries the comments. Interpolations (``${...}``) make one knob follow another, e.g. the critic's model
+path follows the actor's unless set.
+
+Cross-key rules (batch divisibility, world sizes, files, custom functions) are checked by
+`rlflow.config.validate.validate_config`, not here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import II
+
+__all__ = [
+    "SCHEMA_NAME",
+    "ActorConfig",
+    "ActorRolloutRefConfig",
+    "AlgorithmConfig",
+    "CriticConfig",
+    "CriticModelConfig",
+    "CustomFunctionConfig",
+    "DataConfig",
+    "FSDPConfig",
+    "KLCtrlConfig",
+    "MixedPrecisionSection",
+    "ModelConfig",
+    "OptimConfig",
+    "PPOTrainerConfig",
+    "PolicyLossConfig",
+    "RayInitConfig",
+    "RefConfig",
+    "RefFSDPConfig",
+    "RewardModelConfig",
+    "RewardModelPathConfig",
+    "RolloutSection",
+    "TrainerConfig",
+    "ValKwargsSection",
+    "register_configs",
+]
+
+SCHEMA_NAME = "rlflow_ppo_schema"
+"""ConfigStore name of `PPOTrainerConfig`; the first entry of ``ppo_trainer.yaml``'s defaults list."""
+
+
+@dataclass
+class DataConfig:
+    """``data``: prompts, lengths and batch sizes (sizes in prompts, before ``rollout.n``).
+
+    Attributes:
+        train_files: a parquet/jsonl path or a list of them; None uses the embedded synthetic ``task``.
+        val_files: same for validation.
+        task: embedded synthetic task (`rlflow.data.tasks.TASKS`) used when the files are None.
+        truncation: what to do with a prompt longer than ``max_prompt_length``: error | left | right.
+        val_batch_size: None evaluates the whole validation set at once.
+    """
+
+    tokenizer: str | None = None
+    train_files: Any = None
+    val_files: Any = None
+    task: str = "repeat"
+    prompt_key: str = "prompt"
+    reward_fn_key: str = "data_source"
+    max_prompt_length: int = 32
+    max_response_length: int = 8
+    train_batch_size: int = 16
+    val_batch_size: int | None = None
+    return_raw_chat: bool = False
+    shuffle: bool = True
+    seed: int = 1
+    filter_overlong_prompts: bool = True
+    truncation: str = "error"
+    dataloader_num_workers: int = 0
+
+
+@dataclass
+class ModelConfig:
+    """``actor_rollout_ref.model``: the policy (also the reference policy and the rollout weights).
+
+    Attributes:
+        path: HF directory, hub id or ``rlflow://tiny[?key=value...]``; None = the embedded tiny model.
+        attn_implementation: auto | sdpa | eager | flash_attention_2 (see `rlflow.models.loader`).
+        use_remove_padding: pack the valid tokens of a micro-batch into one row (no padding compute).
+    """
+
+    path: str | None = None
+    tokenizer_path: str | None = None
+    trust_remote_code: bool = False
+    attn_implementation: str = "sdpa"
+    use_remove_padding: bool = True
+    enable_gradient_checkpointing: bool = False
+
+
+@dataclass
+class OptimConfig:
+    """``*.optim``: AdamW with linear warm-up then a constant or cosine schedule.
+
+    Attributes:
+        lr_warmup_steps: warm-up steps; -1 uses ``lr_warmup_steps_ratio * total_training_steps``.
+        warmup_style: constant | cosine (cosine decays to ``min_lr_ratio * lr``).
+    """
+
+    lr: float = 1.0e-3
+    lr_warmup_steps: int = -1
+    lr_warmup_steps_ratio: float = 0.0
+    warmup_style: str = "constant"
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1.0e-8
+
+
+@dataclass
+class MixedPrecisionSection:
+    """``*.fsdp_config.mixed_precision``: dtypes FSDP computes, reduces and keeps buffers in
+    (`rlflow.parallel.fsdp.mixed_precision_dtypes`). ``param_dtype: bf16`` with ``reduce_dtype: fp32``
+    is the usual GPU recipe; all fp32 is exact.
+
+    Attributes:
+        param_dtype: compute dtype of the gathered parameters: fp32 | bf16 | fp16 (or float32, ...).
+        reduce_dtype: dtype of the gradient reduce-scatter / all-reduce.
+        buffer_dtype: dtype of module buffers; FSDP1 only (an addition to verl's keys).
+    """
+
+    param_dtype: str = "fp32"
+    reduce_dtype: str = "fp32"
+    buffer_dtype: str = "fp32"
+
+
+@dataclass
+class FSDPConfig:
+    """``*.fsdp_config``: how one role is sharded (`rlflow.parallel.fsdp.apply_fsdp`).
+
+    Attributes:
+        fsdp_size: ranks one parameter is sharded over; -1 = the whole role; smaller = hybrid (HSDP).
+        reshard_after_forward: free gathered weights after forward (ZeRO-3) or keep them (ZeRO-2).
+    """
+
+    fsdp_size: int = -1
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    reshard_after_forward: bool = True
+    mixed_precision: MixedPrecisionSection = field(default_factory=MixedPrecisionSection)
+
+
+@dataclass
+class PolicyLossConfig:
+    """``actor_rollout_ref.actor.policy_loss``: ``loss_mode`` names a `core_algos` registered policy loss."""
+
+    loss_mode: str = "vanilla"
+
+
+@dataclass
+class ActorConfig:
+    """``actor_rollout_ref.actor``: the PPO policy update (verl key names).
+
+    Attributes:
+        strategy: fsdp (FSDP1) | fsdp2.
+        ppo_mini_batch_size: prompts per optimizer step (times ``rollout.n`` responses), over all ranks.
+        ppo_micro_batch_size_per_gpu: responses per forward/backward on one rank (fixed batching).
+        use_dynamic_bsz: micro-batches by token budget ``ppo_max_token_len_per_gpu`` instead.
+        clip_ratio_low / clip_ratio_high: asymmetric clip (None = ``clip_ratio``).
+        clip_ratio_c: dual-clip constant for negative advantages (Ye et al. 2020), > 1.
+        loss_agg_mode: token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm.
+    """
+
+    strategy: str = "fsdp2"
+    ppo_mini_batch_size: int = 16
+    ppo_micro_batch_size_per_gpu: int = 8
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 2048
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    grad_clip: float = 1.0
+    ulysses_sequence_parallel_size: int = 1
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+
+
+@dataclass
+class RefFSDPConfig:
+    """``actor_rollout_ref.ref.fsdp_config``: the reference model shares the actor's mesh and precision."""
+
+    param_offload: bool = False
+
+
+@dataclass
+class RefConfig:
+    """``actor_rollout_ref.ref``: reference-policy log-probs (made only with a KL term)."""
+
+    log_prob_micro_batch_size_per_gpu: int = 16
+    log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
+    log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+    ulysses_sequence_parallel_size: int = II("actor_rollout_ref.actor.ulysses_sequence_parallel_size")
+    fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
+
+
+@dataclass
+class ValKwargsSection:
+    """``actor_rollout_ref.rollout.val_kwargs``: sampling for validation (greedy by default)."""
+
+    temperature: float = 0.0
+    top_k: int = -1
+    top_p: float = 1.0
+    do_sample: bool = False
+    n: int = 1
+
+
+@dataclass
+class RolloutSection:
+    """``actor_rollout_ref.rollout``: generation. The keys are those of
+    `rlflow.rollout.base.RolloutConfig` (which the rollout builds from this section); the engine
+    options after ``val_kwargs`` are additions to the spec so that verl's vLLM knobs can be set.
+
+    Attributes:
+        name: hf (embedded, CPU too) | vllm (GPU extra).
+        n: responses per prompt (GRPO group size).
+        micro_batch_size: rows decoded together; None = the whole batch.
+        dtype: dtype of the generation replica; None = the actor's parameter dtype.
+    """
+
+    name: str = "hf"
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    do_sample: bool = True
+    n: int = 1
+    prompt_length: int = II("data.max_prompt_length")
+    response_length: int = II("data.max_response_length")
+    micro_batch_size: int | None = None
+    seed: int = 0
+    calculate_log_probs: bool = False
+    log_prob_micro_batch_size_per_gpu: int = 16
+    log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
+    log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+    val_kwargs: ValKwargsSection = field(default_factory=ValKwargsSection)
+    free_cache_engine: bool = True
+    dtype: str | None = None
+    tensor_model_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = True
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 1024
+    max_model_len: int | None = None
+    enable_chunked_prefill: bool = True
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    """``actor_rollout_ref``: the policy model and its three uses (train, generate, reference)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+
+
+@dataclass
+class CriticModelConfig:
+    """``critic.model``: the value model; by default the actor's model with a fresh scalar head."""
+
+    path: str | None = II("actor_rollout_ref.model.path")
+    tokenizer_path: str | None = II("actor_rollout_ref.model.tokenizer_path")
+    trust_remote_code: bool = False
+    attn_implementation: str = II("actor_rollout_ref.model.attn_implementation")
+    use_remove_padding: bool = II("actor_rollout_ref.model.use_remove_padding")
+    enable_gradient_checkpointing: bool = False
+
+
+@dataclass
+class CriticConfig:
+    """``critic``: the value model, its own parallel layout and its update.
+
+    Attributes:
+        config_path: optional YAML whose keys override this group (`apply_critic_config_file`).
+        enable: None = a critic iff ``algorithm.adv_estimator`` is gae.
+        world_size: ranks of the critic group; None = all ranks of the pool, else <= the actor's.
+        cliprange_value: value clipping around the old values (PPO2 value loss).
+    """
+
+    config_path: str | None = None
+    enable: bool | None = None
+    strategy: str = "fsdp2"
+    world_size: int | None = None
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo_mini_batch_size: int = II("actor_rollout_ref.actor.ppo_mini_batch_size")
+    ppo_micro_batch_size_per_gpu: int = 8
+    forward_micro_batch_size_per_gpu: int = II("critic.ppo_micro_batch_size_per_gpu")
+    use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
+    ppo_max_token_len_per_gpu: int = 2048
+    forward_max_token_len_per_gpu: int = II("critic.ppo_max_token_len_per_gpu")
+    ppo_epochs: int = II("actor_rollout_ref.actor.ppo_epochs")
+    shuffle: bool = II("actor_rollout_ref.actor.shuffle")
+    grad_clip: float = 1.0
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = II("actor_rollout_ref.actor.loss_agg_mode")
+    ulysses_sequence_parallel_size: int = 1
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+
+
+@dataclass
+class RewardModelPathConfig:
+    """``reward_model.model``."""
+
+    path: str | None = None
+    trust_remote_code: bool = False
+
+
+@dataclass
+class RewardModelConfig:
+    """``reward_model``: an optional model-based reward and the reward manager settings.
+
+    Attributes:
+        num_workers: > 0 scores in a process pool of that size.
+        timeout_s: per-sample timeout with the pool (None = none); a timed-out sample gets ``timeout_score``.
+    """
+
+    enable: bool = False
+    model: RewardModelPathConfig = field(default_factory=RewardModelPathConfig)
+    micro_batch_size_per_gpu: int = 16
+    reward_manager: str = "naive"
+    launch_reward_fn_async: bool = False
+    num_workers: int = 0
+    timeout_s: float | None = None
+    timeout_score: float = 0.0
+
+
+@dataclass
+class CustomFunctionConfig:
+    """A user function in a Python file: ``path`` (a ``.py`` file) and ``name`` (the function in it)."""
+
+    path: str | None = None
+    name: str | None = None
+
+
+@dataclass
+class CustomRewardFunctionConfig(CustomFunctionConfig):
+    """``custom_reward_function``: the user's score function, plus ``reward_kwargs`` passed to every call."""
+
+    name: str | None = "compute_score"
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class KLCtrlConfig:
+    """``algorithm.kl_ctrl``: in-reward KL coefficient, fixed | adaptive (Ziegler et al. 2019)."""
+
+    type: str = "fixed"
+    kl_coef: float = 0.001
+    horizon: int = 10000
+    target_kl: float = 0.1
+
+
+@dataclass
+class AlgorithmConfig:
+    """``algorithm``: advantage estimation and the in-reward KL penalty.
+
+    Attributes:
+        adv_estimator: a name registered in `rlflow.trainer.ppo.core_algos` (gae, grpo, rloo, ...).
+        kl_penalty: per-token KL estimator of the in-reward penalty (kl, abs, mse, low_var_kl, k1..k3).
+        custom_advantage_function: replaces the registry estimator when ``path`` and ``name`` are set.
+    """
+
+    gamma: float = 1.0
+    lam: float = 1.0
+    adv_estimator: str = "gae"
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    custom_advantage_function: CustomFunctionConfig = field(default_factory=CustomFunctionConfig)
+
+
+@dataclass
+class TrainerConfig:
+    """``trainer``: run length, resources, logging, checkpoints.
+
+    Attributes:
+        n_gpus_per_node: ranks per node (processes on CPU).
+        device: auto | cpu | cuda.
+        logger: any of console, jsonl, tensorboard, wandb.
+        log_dir: None = ``outputs/<project_name>/<experiment_name>``.
+        total_training_steps: None = ``total_epochs`` times the steps per epoch.
+        save_freq / test_freq: every N steps; -1 = never.
+        critic_warmup: first steps that train only the critic.
+        worker_start_timeout_s: bound on starting every role's actors and building their models; a
+            heartbeat line names what is still pending every 30 s, then an error names the role.
+        resume_mode: auto | disable | resume_path (then ``resume_from_path`` is the checkpoint dir).
+        peak_tflops: peak TFLOP/s of one worker for the MFU; None = datasheet table on GPU, measured
+            matmul rate on CPU.
+        validation_data_dir: write each validation's prompts, responses and scores to
+            ``<dir>/<step>.jsonl`` (read them with ``python scripts/view_rollouts.py``); None = off.
+    """
+
+    project_name: str = "rlflow"
+    experiment_name: str = "tiny_ppo"
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    log_dir: str | None = None
+    nnodes: int = 1
+    n_gpus_per_node: int = 2
+    device: str = "auto"
+    cpus_per_worker: float = 1.0
+    total_epochs: int = 1000
+    total_training_steps: int | None = 40
+    save_freq: int = -1
+    test_freq: int = 10
+    val_before_train: bool = True
+    critic_warmup: int = 0
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    resume_mode: str = "auto"
+    resume_from_path: str | None = None
+    max_actor_ckpt_to_keep: int | None = None
+    max_critic_ckpt_to_keep: int | None = None
+    balance_batch: bool = True
+    seed: int = 1
+    placement_timeout_s: float = 60
+    worker_start_timeout_s: float = 600
+    peak_tflops: float | None = None
+    validation_data_dir: str | None = None
+
+
+@dataclass
+class RayInitConfig:
+    """``ray_init``: arguments of ``ray.init`` (None = Ray's default; address None = a local Ray)."""
+
+    address: str | None = None
+    num_cpus: int | None = None
+    object_store_memory: int | None = None
+
+
+@dataclass
+class PPOTrainerConfig:
+    """The whole PPO trainer config (root of ``ppo_trainer.yaml``)."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+
+
+def register_configs() -> None:
+    """Register `PPOTrainerConfig` as ``rlflow_ppo_schema`` in Hydra's ConfigStore (idempotent).
+
+    Runs when this module is imported; call it again after something cleared the ConfigStore.
+    """
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=PPOTrainerConfig)
+
+
+register_configs()

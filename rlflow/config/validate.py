@@ -1,0 +1,596 @@
+"""Cross-key checks of the PPO trainer config, run by the driver before any Ray actor starts.
+
+`validate_config` raises a ``ValueError`` whose message starts with the offending key path on the first
+problem it finds (it never collects, never asserts). The schema (`rlflow.config.schema`) already
+rejects unknown keys and wrong types at composition; this module checks what one key cannot say alone:
+
+* names: strategies, loss aggregation, advantage estimator and policy loss (the `core_algos` registries,
+  so user-registered ones pass), KL estimators, rollout engine, warm-up style, truncation, resume mode;
+* numbers: learning rates, clip ratios, sampling temperature, step counts;
+* layout: world size ``trainer.nnodes × trainer.n_gpus_per_node``; the critic's world size; Ulysses sizes
+  divide the world sizes and the model's heads; batch divisibility (below);
+* the critic: needed iff ``algorithm.adv_estimator`` was registered with ``needs_critic=True`` (gae)
+  unless ``critic.enable`` says otherwise;
+* files: data files, local model paths, the resume checkpoint, custom reward / advantage functions.
+
+Batch divisibility, per role (actor; critic when there is one), with ``n = actor_rollout_ref.rollout.n``
+and ``dp = world size / ulysses_sequence_parallel_size``::
+
+    data.train_batch_size × n          % dp == 0
+    ppo_mini_batch_size <= data.train_batch_size, and divides it
+    ppo_mini_batch_size × n            % dp == 0
+    (ppo_mini_batch_size × n / dp)     % ppo_micro_batch_size_per_gpu == 0   (fixed micro-batches)
+    ppo_max_token_len_per_gpu × sp     >= prompt_length + response_length     (dynamic micro-batches)
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from rlflow.config.checks import (
+    KL_ESTIMATORS,
+    at_least,
+    choice,
+    every_or_never,
+    flag,
+    in_range,
+    kl_name,
+    load_function,
+    names_or,
+    number,
+    optional_attr,
+    positive,
+    value_at,
+)
+from rlflow.config.schema import PPOTrainerConfig
+
+__all__ = ["KL_ESTIMATORS", "need_critic", "need_reference_policy", "validate_config"]
+
+ACTOR = "actor_rollout_ref.actor"
+REF = "actor_rollout_ref.ref"
+ROLLOUT = "actor_rollout_ref.rollout"
+MODEL = "actor_rollout_ref.model"
+
+STRATEGIES = ("fsdp", "fsdp2")
+WARMUP_STYLES = ("constant", "cosine")
+TRUNCATIONS = ("error", "left", "right")
+RESUME_MODES = ("auto", "disable", "resume_path")
+DEVICES = ("auto", "cpu", "cuda")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+KL_CTRL_TYPES = ("fixed", "adaptive")
+DTYPES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
+
+# Used only while the module that owns the list cannot be imported.
+_FALLBACK_ADV_ESTIMATORS = (
+    "gae",
+    "grpo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "rloo",
+)
+_FALLBACK_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+_FALLBACK_ROLLOUTS = ("hf", "vllm")
+_FALLBACK_ATTN = ("auto", "sdpa", "eager", "flash_attention_2", "ulysses_sdpa")
+# --------------------------------------------------------------------------- derived facts
+
+
+def _estimator_needs_critic(name: str) -> bool:
+    """Whether the registered estimator ``name`` uses critic values (False for an unknown name)."""
+    from rlflow.algos.advantages import ADV_ESTIMATOR_INFO
+
+    info = ADV_ESTIMATOR_INFO.get(str(name))
+    return bool(info is not None and info.needs_critic)
+
+
+def need_critic(cfg: DictConfig) -> bool:
+    """True when the run has a critic: ``critic.enable`` if set, else whether ``algorithm.adv_estimator``
+    was registered as needing one (``register_adv_est(..., needs_critic=True)``, e.g. gae).
+
+    Args:
+        cfg: the composed trainer config.
+    """
+    enable = value_at(cfg, "critic.enable")
+    if enable is None:
+        return _estimator_needs_critic(value_at(cfg, "algorithm.adv_estimator"))
+    return bool(enable)
+
+
+def need_reference_policy(cfg: DictConfig) -> bool:
+    """True when a reference policy is needed: KL in the reward or KL as an actor loss.
+
+    Args:
+        cfg: the composed trainer config.
+    """
+    return bool(value_at(cfg, "algorithm.use_kl_in_reward") or value_at(cfg, f"{ACTOR}.use_kl_loss"))
+
+
+def _world_size(cfg: DictConfig) -> int:
+    nnodes = at_least(cfg, "trainer.nnodes", 1)
+    per_node = at_least(cfg, "trainer.n_gpus_per_node", 1)
+    return nnodes * per_node
+
+
+# --------------------------------------------------------------------------- groups
+
+
+FREE_FORM_KEYS = {"custom_reward_function.reward_kwargs"}
+"""Mappings whose keys are the user's own (set them with ``+custom_reward_function.reward_kwargs.k=v``)."""
+
+
+@functools.cache
+def _schema_tree() -> dict:
+    """The default config as nested dicts: the key tree of the schema (built once, it is slow)."""
+    return OmegaConf.to_container(OmegaConf.structured(PPOTrainerConfig))
+
+
+def _check_known_keys(tree: dict, schema: dict, prefix: str = "") -> None:
+    """Every key of ``tree`` is in ``schema`` (keys appended with Hydra's ``+key=value`` are refused)."""
+    for key, value in tree.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if key not in schema:
+            raise ValueError(
+                f"{path} is not a config key (appended with '+'?); keys of {prefix or 'the root'}: "
+                f"{sorted(schema)}"
+            )
+        if isinstance(value, dict) and isinstance(schema[key], dict) and path not in FREE_FORM_KEYS:
+            _check_known_keys(value, schema[key], path)
+
+
+def _check_trainer(cfg: DictConfig) -> None:
+    _world_size(cfg)
+    at_least(cfg, "trainer.total_epochs", 1)
+    at_least(cfg, "trainer.total_training_steps", 1, allow_none=True)
+    every_or_never(cfg, "trainer.save_freq")
+    every_or_never(cfg, "trainer.test_freq")
+    at_least(cfg, "trainer.critic_warmup", 0)
+    at_least(cfg, "trainer.max_actor_ckpt_to_keep", 1, allow_none=True)
+    at_least(cfg, "trainer.max_critic_ckpt_to_keep", 1, allow_none=True)
+    positive(cfg, "trainer.cpus_per_worker")
+    positive(cfg, "trainer.placement_timeout_s")
+    positive(cfg, "trainer.worker_start_timeout_s")
+    choice(cfg, "trainer.device", DEVICES)
+    choice(cfg, "trainer.resume_mode", RESUME_MODES)
+    loggers = value_at(cfg, "trainer.logger")
+    loggers = [loggers] if isinstance(loggers, str) else loggers
+    for i, name in enumerate(loggers):
+        if name not in LOGGERS:
+            raise ValueError(f"trainer.logger[{i}]={name!r} is not one of {list(LOGGERS)}")
+    at_least(cfg, "ray_init.num_cpus", 1, allow_none=True)
+    at_least(cfg, "ray_init.object_store_memory", 1, allow_none=True)
+
+
+def _check_data(cfg: DictConfig) -> None:
+    for key in ("max_prompt_length", "max_response_length", "train_batch_size"):
+        at_least(cfg, f"data.{key}", 1)
+    at_least(cfg, "data.val_batch_size", 1, allow_none=True)
+    at_least(cfg, "data.dataloader_num_workers", 0)
+    choice(cfg, "data.truncation", TRUNCATIONS)
+    if value_at(cfg, "data.train_files") is None or value_at(cfg, "data.val_files") is None:
+        tasks = optional_attr("rlflow.data.tasks", "TASKS")
+        if tasks:
+            choice(cfg, "data.task", tuple(tasks))
+
+
+def _check_algorithm(cfg: DictConfig) -> None:
+    estimators = names_or("rlflow.trainer.ppo.core_algos", "ADV_ESTIMATOR_REGISTRY", _FALLBACK_ADV_ESTIMATORS)
+    choice(cfg, "algorithm.adv_estimator", estimators)
+    if value_at(cfg, "algorithm.adv_estimator") == "remax":
+        raise ValueError(
+            "algorithm.adv_estimator=remax needs a greedy baseline rollout per prompt (reward_baselines), which "
+            "the trainer does not generate yet; compute_remax_outcome_advantage is available as a function"
+        )
+    in_range(cfg, "algorithm.gamma", 0.0, 1.0)
+    in_range(cfg, "algorithm.lam", 0.0, 1.0)
+    flag(cfg, "algorithm.use_kl_in_reward")
+    kl_name(cfg, "algorithm.kl_penalty")
+    kind = choice(cfg, "algorithm.kl_ctrl.type", KL_CTRL_TYPES)
+    at_least(cfg, "algorithm.kl_ctrl.kl_coef", 0.0, integer=False)
+    if kind == "adaptive":
+        positive(cfg, "algorithm.kl_ctrl.target_kl")
+        positive(cfg, "algorithm.kl_ctrl.horizon")
+
+
+def _check_optim(cfg: DictConfig, prefix: str) -> None:
+    positive(cfg, f"{prefix}.lr")
+    at_least(cfg, f"{prefix}.lr_warmup_steps", -1)
+    in_range(cfg, f"{prefix}.lr_warmup_steps_ratio", 0.0, 1.0)
+    choice(cfg, f"{prefix}.warmup_style", WARMUP_STYLES)
+    in_range(cfg, f"{prefix}.min_lr_ratio", 0.0, 1.0)
+    at_least(cfg, f"{prefix}.weight_decay", 0.0, integer=False)
+    positive(cfg, f"{prefix}.eps")
+    betas = value_at(cfg, f"{prefix}.betas")
+    if len(betas) != 2:
+        raise ValueError(f"{prefix}.betas={list(betas)!r} must hold two numbers")
+    for i in range(2):
+        in_range(cfg, f"{prefix}.betas[{i}]", 0.0, 1.0, high_open=True)
+
+
+def _check_fsdp(cfg: DictConfig, prefix: str) -> None:
+    size = number(cfg, f"{prefix}.fsdp_size", integer=True)
+    if size != -1 and size < 1:
+        raise ValueError(f"{prefix}.fsdp_size={size} must be -1 (all ranks of the role) or >= 1")
+    for name in ("param_dtype", "reduce_dtype", "buffer_dtype"):
+        choice(cfg, f"{prefix}.mixed_precision.{name}", DTYPES)
+
+
+def _check_model(cfg: DictConfig, prefix: str) -> None:
+    choice(
+        cfg,
+        f"{prefix}.attn_implementation",
+        names_or("rlflow.models.loader", "ATTN_IMPLEMENTATIONS", _FALLBACK_ATTN),
+    )
+    flag(cfg, f"{prefix}.use_remove_padding")
+
+
+def _check_actor(cfg: DictConfig) -> None:
+    _check_model(cfg, MODEL)
+    choice(cfg, f"{ACTOR}.strategy", STRATEGIES)
+    choice(
+        cfg,
+        f"{ACTOR}.loss_agg_mode",
+        names_or("rlflow.trainer.ppo.core_algos", "AGG_LOSS_MODES", _FALLBACK_AGG_MODES),
+    )
+    losses = optional_attr("rlflow.trainer.ppo.core_algos", "POLICY_LOSS_REGISTRY")
+    if losses:
+        choice(cfg, f"{ACTOR}.policy_loss.loss_mode", tuple(losses))
+    if flag(cfg, f"{ACTOR}.use_kl_loss"):
+        kl_name(cfg, f"{ACTOR}.kl_loss_type")
+        at_least(cfg, f"{ACTOR}.kl_loss_coef", 0.0, integer=False)
+    number(cfg, f"{ACTOR}.entropy_coeff")
+    clip = positive(cfg, f"{ACTOR}.clip_ratio")
+    low = positive(cfg, f"{ACTOR}.clip_ratio_low", allow_none=True)
+    if (clip if low is None else low) >= 1:
+        key = f"{ACTOR}.clip_ratio" if low is None else f"{ACTOR}.clip_ratio_low"
+        raise ValueError(
+            f"{key}={clip if low is None else low!r} must be < 1 (the ratio is clipped at 1 - it)"
+        )
+    positive(cfg, f"{ACTOR}.clip_ratio_high", allow_none=True)
+    clip_c = number(cfg, f"{ACTOR}.clip_ratio_c")
+    if not clip_c > 1:
+        raise ValueError(f"{ACTOR}.clip_ratio_c={clip_c!r} must be > 1 (dual-clip bound)")
+    positive(cfg, f"{ACTOR}.grad_clip")
+    at_least(cfg, f"{ACTOR}.ppo_epochs", 1)
+    _check_optim(cfg, f"{ACTOR}.optim")
+    _check_fsdp(cfg, f"{ACTOR}.fsdp_config")
+
+
+def _check_sampling(cfg: DictConfig, prefix: str) -> None:
+    do_sample = flag(cfg, f"{prefix}.do_sample")
+    temperature = at_least(cfg, f"{prefix}.temperature", 0.0, integer=False)
+    if do_sample and temperature <= 0:
+        raise ValueError(f"{prefix}.temperature={temperature!r} must be > 0 when {prefix}.do_sample=true")
+    value = number(cfg, f"{prefix}.top_p")
+    if not 0 < value <= 1:
+        raise ValueError(f"{prefix}.top_p={value!r} must be in (0, 1]")
+    at_least(cfg, f"{prefix}.top_k", -1)
+    at_least(cfg, f"{prefix}.n", 1)
+
+
+def _check_rollout(cfg: DictConfig) -> None:
+    choice(cfg, f"{ROLLOUT}.name", names_or("rlflow.rollout", "ROLLOUT_CLASSES", _FALLBACK_ROLLOUTS))
+    _check_sampling(cfg, ROLLOUT)
+    _check_sampling(cfg, f"{ROLLOUT}.val_kwargs")
+    prompt_length = at_least(cfg, f"{ROLLOUT}.prompt_length", 1)
+    max_prompt = value_at(cfg, "data.max_prompt_length")
+    if prompt_length < max_prompt:
+        raise ValueError(
+            f"{ROLLOUT}.prompt_length={prompt_length} must be >= data.max_prompt_length={max_prompt}"
+        )
+    at_least(cfg, f"{ROLLOUT}.response_length", 1)
+    at_least(cfg, f"{ROLLOUT}.micro_batch_size", 1, allow_none=True)
+    at_least(cfg, f"{ROLLOUT}.tensor_model_parallel_size", 1)
+    value = number(cfg, f"{ROLLOUT}.gpu_memory_utilization")
+    if not 0 < value <= 1:
+        raise ValueError(f"{ROLLOUT}.gpu_memory_utilization={value!r} must be in (0, 1]")
+
+
+def _check_critic(cfg: DictConfig) -> None:
+    enable = value_at(cfg, "critic.enable")
+    if enable is not None and not isinstance(enable, bool):
+        raise ValueError(f"critic.enable={enable!r} must be true, false or null")
+    estimator = value_at(cfg, "algorithm.adv_estimator")
+    if enable is False and _estimator_needs_critic(estimator):
+        raise ValueError(
+            f"critic.enable=false but algorithm.adv_estimator={estimator} needs a critic (its values); "
+            "set critic.enable=null or true, or choose an estimator without a critic (e.g. grpo)"
+        )
+    if not need_critic(cfg):
+        if value_at(cfg, "trainer.critic_warmup") > 0:
+            raise ValueError(f"trainer.critic_warmup={value_at(cfg, 'trainer.critic_warmup')} needs a critic")
+        return
+    _check_model(cfg, "critic.model")
+    choice(cfg, "critic.strategy", STRATEGIES)
+    choice(
+        cfg,
+        "critic.loss_agg_mode",
+        names_or("rlflow.trainer.ppo.core_algos", "AGG_LOSS_MODES", _FALLBACK_AGG_MODES),
+    )
+    positive(cfg, "critic.cliprange_value")
+    positive(cfg, "critic.grad_clip")
+    at_least(cfg, "critic.ppo_epochs", 1)
+    _check_optim(cfg, "critic.optim")
+    _check_fsdp(cfg, "critic.fsdp_config")
+
+
+def _check_reward_model(cfg: DictConfig) -> None:
+    manager = value_at(cfg, "reward_model.reward_manager")
+    if manager != "naive":
+        raise ValueError(f"reward_model.reward_manager={manager!r}: only 'naive' is implemented")
+    if flag(cfg, "reward_model.launch_reward_fn_async"):
+        raise ValueError(
+            "reward_model.launch_reward_fn_async=true is not supported; use reward_model.num_workers for a "
+            "process pool instead"
+        )
+    at_least(cfg, "reward_model.num_workers", 0)
+    positive(cfg, "reward_model.timeout_s", allow_none=True)
+    number(cfg, "reward_model.timeout_score")
+    if not flag(cfg, "reward_model.enable"):
+        return
+    if value_at(cfg, "reward_model.model.path") is None:
+        raise ValueError("reward_model.model.path must be set when reward_model.enable=true")
+    at_least(cfg, "reward_model.micro_batch_size_per_gpu", 1)
+
+
+# --------------------------------------------------------------------------- layout and batch sizes
+
+
+def _check_sp(cfg: DictConfig, prefix: str, world: int, heads: int | None, kv_heads: int | None) -> int:
+    """Check ``prefix.ulysses_sequence_parallel_size`` against the role's world size and the heads."""
+    key = f"{prefix}.ulysses_sequence_parallel_size"
+    sp = at_least(cfg, key, 1)
+    if world % sp:
+        raise ValueError(f"{key}={sp} must divide the world size {world} of {prefix}")
+    if heads is not None and heads % sp:
+        raise ValueError(f"{key}={sp} must divide the model's num_attention_heads={heads}")
+    if kv_heads is not None and kv_heads % sp and sp % kv_heads:
+        raise ValueError(
+            f"{key}={sp} must divide the model's num_key_value_heads={kv_heads} or be a multiple of it"
+        )
+    return sp
+
+
+def _check_fsdp_size(cfg: DictConfig, prefix: str, world: int) -> None:
+    size = value_at(cfg, f"{prefix}.fsdp_config.fsdp_size")
+    if size != -1 and world % size:
+        raise ValueError(
+            f"{prefix}.fsdp_config.fsdp_size={size} must divide the world size {world} of {prefix}"
+        )
+
+
+def _check_token_budget(cfg: DictConfig, key: str, sp: int) -> None:
+    """With dynamic batching one micro-batch (``budget × sp`` tokens) must hold the longest sequence."""
+    budget = at_least(cfg, key, 1)
+    longest = value_at(cfg, f"{ROLLOUT}.prompt_length") + value_at(cfg, f"{ROLLOUT}.response_length")
+    if budget * sp < longest:
+        raise ValueError(
+            f"{key}={budget} (× ulysses size {sp}) must be >= the longest sequence, {ROLLOUT}.prompt_length "
+            f"+ response_length = {longest}"
+        )
+
+
+def _check_micro(cfg: DictConfig, dynamic_key: str, micro_key: str, budget_key: str, sp: int) -> None:
+    """A micro-batch size >= 1 (fixed batching) or a token budget that fits a sequence (dynamic)."""
+    if flag(cfg, dynamic_key):
+        _check_token_budget(cfg, budget_key, sp)
+    else:
+        at_least(cfg, micro_key, 1)
+
+
+def _check_ppo_batches(cfg: DictConfig, prefix: str, dp: int, sp: int) -> None:
+    """Divisibility of the train, mini- and micro-batches of one role with data-parallel size ``dp``."""
+    train = value_at(cfg, "data.train_batch_size")
+    n = value_at(cfg, f"{ROLLOUT}.n")
+    if (train * n) % dp:
+        raise ValueError(
+            f"data.train_batch_size={train} × {ROLLOUT}.n={n} = {train * n} responses must be divisible by "
+            f"the data-parallel size {dp} of {prefix} (world size / ulysses_sequence_parallel_size)"
+        )
+    key = f"{prefix}.ppo_mini_batch_size"
+    mini = at_least(cfg, key, 1)
+    if mini > train or train % mini:
+        raise ValueError(f"{key}={mini} must be <= data.train_batch_size={train} and divide it")
+    if (mini * n) % dp:
+        raise ValueError(
+            f"{key}={mini} × {ROLLOUT}.n={n} = {mini * n} responses must be divisible by the data-parallel "
+            f"size {dp} of {prefix} (world size / ulysses_sequence_parallel_size)"
+        )
+    if flag(cfg, f"{prefix}.use_dynamic_bsz"):
+        _check_token_budget(cfg, f"{prefix}.ppo_max_token_len_per_gpu", sp)
+        return
+    micro_key = f"{prefix}.ppo_micro_batch_size_per_gpu"
+    micro = at_least(cfg, micro_key, 1)
+    per_rank = mini * n // dp
+    if micro < per_rank and per_rank % micro:  # a larger micro-batch just holds the whole mini-batch
+        raise ValueError(
+            f"{micro_key}={micro} must divide the {per_rank} responses each rank of {prefix} gets per "
+            f"mini-batch ({key}={mini} × {ROLLOUT}.n={n} / data-parallel size {dp})"
+        )
+
+
+def _check_layout(cfg: DictConfig, heads: int | None, kv_heads: int | None) -> None:
+    world = _world_size(cfg)
+    sp = _check_sp(cfg, ACTOR, world, heads, kv_heads)
+    _check_fsdp_size(cfg, ACTOR, world)
+    _check_ppo_batches(cfg, ACTOR, world // sp, sp)
+    for prefix in (ROLLOUT, REF):
+        _check_micro(
+            cfg,
+            f"{prefix}.log_prob_use_dynamic_bsz",
+            f"{prefix}.log_prob_micro_batch_size_per_gpu",
+            f"{prefix}.log_prob_max_token_len_per_gpu",
+            sp,
+        )
+    if need_reference_policy(cfg):
+        _check_sp(cfg, REF, world, heads, kv_heads)
+    if not need_critic(cfg):
+        return
+    critic_world = at_least(cfg, "critic.world_size", 1, allow_none=True) or world
+    if critic_world > world:
+        raise ValueError(
+            f"critic.world_size={critic_world} must be <= the actor world size {world} "
+            "(trainer.nnodes × trainer.n_gpus_per_node)"
+        )
+    critic_sp = _check_sp(cfg, "critic", critic_world, heads, kv_heads)
+    _check_fsdp_size(cfg, "critic", critic_world)
+    _check_ppo_batches(cfg, "critic", critic_world // critic_sp, critic_sp)
+    _check_micro(
+        cfg,
+        "critic.use_dynamic_bsz",
+        "critic.forward_micro_batch_size_per_gpu",
+        "critic.forward_max_token_len_per_gpu",
+        critic_sp,
+    )
+
+
+# --------------------------------------------------------------------------- files and user code
+
+
+def _exists(path: str) -> bool:
+    return os.path.exists(os.path.expanduser(path))
+
+
+def _check_data_files(cfg: DictConfig, key: str) -> None:
+    value = value_at(cfg, key)
+    if value is None:
+        return
+    if isinstance(value, str):
+        items = [(key, value)]
+    elif isinstance(value, ListConfig | list | tuple) and len(value) > 0:
+        items = [(f"{key}[{i}]", path) for i, path in enumerate(value)]
+    else:
+        raise ValueError(f"{key}={value!r} must be a file path, a non-empty list of paths, or null")
+    for label, path in items:
+        if not isinstance(path, str):
+            raise ValueError(f"{label}={path!r} must be a file path")
+        if not _exists(path):
+            raise ValueError(
+                f"{label}: no such file {path!r} (resolved to {os.path.abspath(os.path.expanduser(path))})"
+            )
+
+
+def _check_local_path(cfg: DictConfig, key: str) -> None:
+    """A path that is clearly local (absolute, ``~``, ``./``, ``../``) must exist; hub ids pass."""
+    path = value_at(cfg, key)
+    if path is None or path.startswith("rlflow://"):
+        return
+    local = os.path.isabs(os.path.expanduser(path)) or path.startswith(("./", "../")) or path in (".", "..")
+    if local and not _exists(path):
+        raise ValueError(f"{key}={path!r}: no such file or directory")
+
+
+def _check_files(cfg: DictConfig) -> None:
+    _check_data_files(cfg, "data.train_files")
+    _check_data_files(cfg, "data.val_files")
+    for key in ("data.tokenizer", f"{MODEL}.path", f"{MODEL}.tokenizer_path"):
+        _check_local_path(cfg, key)
+    if need_critic(cfg):
+        _check_local_path(cfg, "critic.model.path")
+        _check_local_path(cfg, "critic.model.tokenizer_path")
+    if value_at(cfg, "reward_model.enable"):
+        _check_local_path(cfg, "reward_model.model.path")
+    if value_at(cfg, "trainer.resume_mode") == "resume_path":
+        path = value_at(cfg, "trainer.resume_from_path")
+        if path is None:
+            raise ValueError("trainer.resume_from_path must be set when trainer.resume_mode=resume_path")
+        if not _exists(path):
+            raise ValueError(
+                f"trainer.resume_from_path={path!r}: no such directory (trainer.resume_mode=resume_path)"
+            )
+
+
+def _check_custom_reward(cfg: DictConfig) -> None:
+    prefix = "custom_reward_function"
+    path, name = value_at(cfg, f"{prefix}.path"), value_at(cfg, f"{prefix}.name")
+    if path is None:
+        return
+    if not name:
+        raise ValueError(f"{prefix}.name must be set when {prefix}.path={path!r} is")
+    loader = optional_attr("rlflow.reward", "load_custom_reward_fn")
+    if loader is None:
+        load_function(path, name, prefix)
+        return
+    try:
+        loader(path, name)
+    except Exception as err:
+        if isinstance(err, ValueError) and prefix in str(err):
+            raise
+        raise ValueError(f"{prefix} (path={path!r}, name={name!r}): {err}") from err
+
+
+def _check_custom_advantage(cfg: DictConfig) -> None:
+    prefix = "algorithm.custom_advantage_function"
+    path, name = value_at(cfg, f"{prefix}.path"), value_at(cfg, f"{prefix}.name")
+    if (path is None) != (name is None):
+        raise ValueError(
+            f"{prefix}.path and {prefix}.name must be set together (path={path!r}, name={name!r})"
+        )
+    if path is None:
+        return
+    loader = optional_attr("rlflow.algos.custom", "load_custom_advantage_fn")
+    if loader is None:
+        load_function(path, name, prefix)
+    else:
+        loader(path, name)  # its errors name the key path
+
+
+def _check_resources(cfg: DictConfig) -> None:
+    """``trainer.device=cuda`` on a local Ray needs ``n_gpus_per_node`` CUDA devices on this machine."""
+    if value_at(cfg, "trainer.device") != "cuda":
+        return
+    if value_at(cfg, "ray_init.address") is not None or os.environ.get("RAY_ADDRESS"):
+        return  # a remote cluster: its resources are checked when the placement group is created
+    import torch
+
+    have = torch.cuda.device_count()
+    need = value_at(cfg, "trainer.n_gpus_per_node")
+    if have < need:
+        raise ValueError(
+            f"trainer.device=cuda with trainer.n_gpus_per_node={need}, but this machine has {have} CUDA "
+            "device(s) and ray_init.address is null (local Ray)"
+        )
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def validate_config(
+    cfg: DictConfig | Any, *, num_attention_heads: int | None = None, num_key_value_heads: int | None = None
+) -> None:
+    """Check the trainer config; raise ``ValueError`` naming the key path of the first problem.
+
+    Cheap checks come first (unknown keys, names and numbers, then layout and batch divisibility), then the file
+    system and the import of custom functions. See the module docstring for the rules.
+
+    Args:
+        cfg: the composed config (`rlflow.config.loading.load_config` or ``@hydra.main``), after
+            `rlflow.config.loading.apply_critic_config_file`; a ``PPOTrainerConfig`` or a plain dict
+            also works.
+        num_attention_heads: the model's query heads; when given, every Ulysses size (actor, ref,
+            critic) must divide it.
+        num_key_value_heads: the model's key/value heads; when given, every Ulysses size must divide it
+            or be a multiple of it.
+
+    Raises:
+        ValueError: the message starts with the key path, e.g. ``critic.ppo_micro_batch_size_per_gpu=3
+            must divide the 8 responses each rank of critic gets per mini-batch ...``.
+    """
+    if not isinstance(cfg, DictConfig):
+        cfg = OmegaConf.structured(cfg) if not isinstance(cfg, dict) else OmegaConf.create(cfg)
+    _check_known_keys(OmegaConf.to_container(cfg), _schema_tree())
+    _check_trainer(cfg)
+    _check_data(cfg)
+    _check_algorithm(cfg)
+    _check_actor(cfg)
+    _check_rollout(cfg)
+    _check_critic(cfg)
+    _check_reward_model(cfg)
+    _check_layout(cfg, num_attention_heads, num_key_value_heads)
+    _check_files(cfg)
+    _check_custom_reward(cfg)
+    _check_custom_advantage(cfg)
+    _check_resources(cfg)

@@ -1,0 +1,572 @@
+"""`HFRollout`: the embedded rollout engine (``actor_rollout_ref.rollout.name=hf``, the default).
+
+How one ``generate_sequences`` call runs:
+
+1. **Weights.** A plain module generates directly. An FSDP2 (``fully_shard``) or FSDP1 module is
+   never run during decoding: its full weights are gathered once into an unsharded *generation
+   replica* (the same HF class built from the same config on ``meta``, then materialised), tensor by
+   tensor: ``DTensor.full_tensor()`` for FSDP2, ``FSDP.summon_full_params`` for FSDP1. Decoding then
+   runs on the replica with no collectives, so ranks with different prompts, micro-batch counts and
+   stopping times never wait for each other. ``free_cache_engine`` drops the replica after the call
+   (True) or keeps its memory for the next one (False).
+2. **Decoding.** Our own loop over a ``DynamicCache``: one prefill forward over the (left-padded,
+   common-padding-trimmed) prompts, then one forward per new token. Finished rows emit the pad id.
+   ``scripts/bench/bench_generate.py`` compares it with ``model.generate``; numbers in
+   ``docs/rollout.md``.
+3. **Sampling.** ``logits / temperature`` → top-k → top-p (nucleus, Holtzman et al. 2019,
+   arXiv:1904.09751) → inverse-CDF sampling with one uniform per row and step. The uniforms come from a
+   counter-based hash (the idea of Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3")
+   of ``(seed, step id, row index in the whole batch, token position)``: a row's samples do not depend on
+   which other rows share its micro-batch or its rank, so neither ``micro_batch_size`` nor the
+   data-parallel size changes the output. The step id
+   is ``meta_info["global_steps"]`` when present (exact on resume), else a per-engine call counter.
+4. **Log-probs** (``calculate_log_probs``): ``log_softmax(logits / temperature)`` at the sampled token,
+   taken *before* top-k / top-p, i.e. the same quantity the trainer's ``compute_log_prob`` computes
+   from ``logits / temperature``. Greedy decoding with ``temperature == 0`` uses temperature 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.tensor import DTensor
+
+from rlflow.parallel.distributed import get_rank
+from rlflow.protocol import DataProto
+from rlflow.rollout.base import (
+    ROLLOUT_KEY,
+    BaseRollout,
+    RolloutConfig,
+    SamplingParams,
+    build_rollout_output,
+    normalize_token_ids,
+    resolve_sampling_params,
+)
+
+__all__ = [
+    "HFRollout",
+    "apply_top_k",
+    "apply_top_p",
+    "build_generation_replica",
+    "counter_uniform",
+    "decode",
+    "row_keys",
+    "sample_next_token",
+    "sync_replica_weights",
+]
+
+_DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
+_ATTN_FOR_REPLICA = ("eager", "sdpa", "flash_attention_2", "flash_attention_3")
+
+# ------------------------------------------------------------------------------------- counter-based RNG
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``(x * c) mod 2**32`` for ``x`` in ``[0, 2**32)`` without int64 overflow (split ``c`` in 16-bit halves)."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _M32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mixer (xorshift-multiply rounds; constants from C. Wellons' hash prospector)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def _combine(h: torch.Tensor, value: int | torch.Tensor) -> torch.Tensor:
+    """Hash ``value`` into the running 32-bit hash ``h``."""
+    return _mix32(
+        h ^ _mix32((torch.as_tensor(value, dtype=torch.int64, device=h.device) + 0x9E3779B9) & _M32)
+    )
+
+
+def row_keys(
+    seed: int, step: int, first_row: int, num_rows: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """32-bit sampling keys of rows ``first_row .. first_row + num_rows - 1`` of one step's batch.
+
+    A key depends on the row's index in the *whole* batch (after the ``n`` repeat), not on the rank
+    that decodes it, so any data-parallel split of the batch samples the same tokens.
+
+    Args:
+        seed: ``actor_rollout_ref.rollout.seed`` (any Python int; its low and high 32 bits are used).
+        step: step id of the call (``global_steps`` or the call counter).
+        first_row: index of this call's first row in the whole batch (``dp_rank × rows per rank``).
+        num_rows: rows of the call after the ``n`` repeat.
+        device: device of the keys.
+
+    Returns:
+        ``(num_rows,)`` int64 keys in ``[0, 2**32)``.
+    """
+    h = torch.zeros((), dtype=torch.int64, device=device)
+    for part in (seed & _M32, (seed >> 32) & _M32, step & _M32):
+        h = _combine(h, part)
+    rows = torch.arange(first_row, first_row + num_rows, device=device)
+    return _combine(h.expand(num_rows), rows)
+
+
+def counter_uniform(keys: torch.Tensor, position: int) -> torch.Tensor:
+    """Uniforms in ``[0, 1)`` with 53 random bits, a pure function of ``(key, position)``.
+
+    Args:
+        keys: ``(rows,)`` int64 row keys from `row_keys`.
+        position: index of the generated token.
+
+    Returns:
+        ``(rows,)`` float64.
+    """
+    h1 = _combine(keys, position)
+    h2 = _combine(h1, 0x5BD1E995)
+    bits = (h1 << 21) | (h2 >> 11)  # 32 + 21 = 53 bits, exact in float64
+    return bits.to(torch.float64) * (2.0**-53)
+
+
+# ------------------------------------------------------------------------------------- sampling
+
+
+def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Set every logit below the ``top_k``-th largest of its row to ``-inf`` (ties kept; ``<= 0`` = off).
+
+    Args:
+        logits: ``(rows, vocab)``.
+        top_k: tokens to keep per row.
+
+    Returns:
+        ``(rows, vocab)`` filtered logits.
+    """
+    if top_k <= 0 or top_k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Nucleus filter: keep the most likely tokens until their mass reaches ``top_p`` (Holtzman et al. 2019).
+
+    A token is kept when the mass of the tokens ranked strictly above it is below ``top_p``, so the
+    token that crosses the threshold is kept and the top token always is.
+
+    Args:
+        logits: ``(rows, vocab)``.
+        top_p: mass in ``(0, 1]``; 1.0 = off.
+
+    Returns:
+        ``(rows, vocab)`` filtered logits.
+    """
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    mass_above = probs.cumsum(dim=-1) - probs
+    drop_sorted = mass_above >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def sample_next_token(
+    logits: torch.Tensor, params: SamplingParams, keys: torch.Tensor, position: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick the next token of every row and its log-prob under ``log_softmax(logits / T)``.
+
+    Args:
+        logits: ``(rows, vocab)`` float32 next-token logits.
+        params: sampling parameters (greedy when ``params.greedy``).
+        keys: ``(rows,)`` row keys (`row_keys`); unused when greedy.
+        position: index of the token being generated (selects the uniform).
+
+    Returns:
+        ``tokens``: ``(rows,)`` int64; ``log_probs``: ``(rows,)`` float32, log-prob of each token under
+        ``logits / params.logprob_temperature`` before top-k / top-p.
+    """
+    scaled = logits / params.logprob_temperature
+    if params.greedy:
+        tokens = logits.argmax(dim=-1)
+    else:
+        filtered = apply_top_p(apply_top_k(scaled, params.top_k), params.top_p)
+        cdf = filtered.softmax(dim=-1).to(torch.float64).cumsum(dim=-1)
+        target = counter_uniform(keys, position).unsqueeze(-1) * cdf[:, -1:]
+        tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
+    log_probs = scaled.log_softmax(dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return tokens, log_probs
+
+
+# ------------------------------------------------------------------------------------- decoding
+
+
+def _trim_left_padding(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Drop the padding columns that every row of a left-padded batch shares."""
+    leading = (attention_mask.cumsum(dim=-1) == 0).sum(dim=-1)
+    if bool((leading == attention_mask.shape[-1]).any()):
+        row = int((leading == attention_mask.shape[-1]).nonzero()[0])
+        raise ValueError(
+            f"prompt row {row} has an all-zero attention_mask (an empty prompt cannot be continued)"
+        )
+    start = int(leading.min())
+    return input_ids[:, start:], attention_mask[:, start:], position_ids[..., start:]
+
+
+def _drop_finished_rows(finished: torch.Tensor, cache: Any, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Keep only unfinished rows: of the KV cache (in place) and of each tensor (returned, same order)."""
+    keep = (~finished).nonzero().squeeze(-1)
+    cache.batch_select_indices(keep)
+    return [t[keep] for t in tensors]
+
+
+@torch.no_grad()
+def decode(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    params: SamplingParams,
+    keys: torch.Tensor,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generate up to ``params.response_length`` tokens for one micro-batch with the KV cache.
+
+    A row that produces an EOS leaves the batch (its KV-cache rows are dropped), so later steps cost
+    only what the unfinished rows need; its remaining tokens are the pad id. Decoding stops when every
+    row has finished or after ``response_length`` tokens.
+
+    Args:
+        model: an HF causal LM (unsharded) on the device of the inputs.
+        input_ids: ``(rows, prompt_len)`` left-padded prompt ids.
+        attention_mask: ``(rows, prompt_len)`` 1 on prompt tokens.
+        position_ids: ``(rows, prompt_len)`` positions (0 at each row's first real token).
+        params: sampling parameters.
+        keys: ``(rows,)`` sampling keys of these rows.
+        eos_token_ids: ids that end a response (may be empty: always full length).
+        pad_token_id: id written after a row's EOS.
+
+    Returns:
+        ``responses``: ``(rows, steps)`` int64 and ``log_probs``: ``(rows, steps)`` float32 (0 after EOS),
+        with ``steps <= params.response_length`` the number of decoding steps run.
+    """
+    input_ids, attention_mask, position_ids = _trim_left_padding(input_ids, attention_mask, position_ids)
+    rows, length, device = input_ids.shape[0], params.response_length, input_ids.device
+    responses = torch.full((rows, length), pad_token_id, dtype=torch.int64, device=device)
+    log_probs = torch.zeros((rows, length), dtype=torch.float32, device=device)
+    eos = torch.tensor(list(eos_token_ids), dtype=torch.int64, device=device)
+    active = torch.arange(rows, device=device)  # original row of each row still decoding
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache, position = out.past_key_values, position_ids[..., -1:]
+    for t in range(length):
+        token, log_prob = sample_next_token(out.logits[:, -1, :].float(), params, keys, t)
+        responses[active, t] = token
+        log_probs[active, t] = log_prob
+        finished = torch.isin(token, eos)
+        if t + 1 == length or bool(finished.all()):
+            return responses[:, : t + 1], log_probs[:, : t + 1]
+        if bool(finished.any()):
+            active, token, keys, attention_mask, position = _drop_finished_rows(
+                finished, cache, active, token, keys, attention_mask, position
+            )
+        attention_mask = torch.cat(
+            [attention_mask, attention_mask.new_ones(attention_mask.shape[0], 1)], dim=-1
+        )
+        position = position + 1
+        out = model(
+            input_ids=token.unsqueeze(-1),
+            attention_mask=attention_mask,
+            position_ids=position,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        cache = out.past_key_values
+    return responses, log_probs  # only reached when response_length == 0 (rejected by the config)
+
+
+def _pad_right(x: torch.Tensor, length: int, value: float) -> torch.Tensor:
+    return F.pad(x, (0, length - x.shape[-1]), value=value)
+
+
+# ------------------------------------------------------------------------------------- generation replica
+
+
+def _is_sharded(module: nn.Module) -> bool:
+    """True for an FSDP1 wrapper or a module holding DTensor (FSDP2) parameters."""
+    return isinstance(module, FSDP) or any(isinstance(p, DTensor) for p in module.parameters())
+
+
+def _plain_class(module: nn.Module) -> type:
+    """The user class of ``module``: unwraps FSDP1 and drops FSDP2's dynamic ``FSDP<Class>`` subclass."""
+    module = module.module if isinstance(module, FSDP) else module
+    cls = type(module)
+    while issubclass(cls, FSDPModule):
+        cls = next(base for base in cls.__bases__ if not issubclass(base, FSDPModule))
+    return cls
+
+
+def _get_attr_path(root: nn.Module, name: str) -> torch.Tensor:
+    obj: Any = root
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def build_generation_replica(
+    module: nn.Module, dtype: torch.dtype | None = None, device: torch.device | None = None
+) -> nn.Module:
+    """An unsharded, uninitialised copy of a sharded HF model's architecture, for generation.
+
+    Built on ``meta`` from ``module.config`` and materialised with ``to_empty`` (no init cost); tied
+    weights are re-tied. Fill it with `sync_replica_weights`.
+
+    Args:
+        module: FSDP1 wrapper or FSDP2 module around an HF ``PreTrainedModel``.
+        dtype: parameter dtype; None = the dtype of ``module``'s parameters.
+        device: target device; None = the current CUDA device when available, else CPU.
+
+    Returns:
+        The replica in eval mode.
+    """
+    inner = module.module if isinstance(module, FSDP) else module
+    config = getattr(inner, "config", None)
+    cls = _plain_class(module)
+    if config is None or not hasattr(cls, "_from_config"):
+        raise TypeError(f"{cls.__name__} is not an HF PreTrainedModel: cannot build a generation replica")
+    if dtype is None:
+        dtype = next(inner.parameters()).dtype
+    if device is None:
+        device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
+    attn = getattr(config, "_attn_implementation", None)
+    attn = attn if attn in _ATTN_FOR_REPLICA else "sdpa"  # e.g. a registered Ulysses kernel: not for decoding
+    # transformers writes the attention implementation into the config it is given: build from a copy, so
+    # the training module keeps its own (a Ulysses actor must stay on "rlflow_packed").
+    config = copy.deepcopy(config)
+    with torch.device("meta"):
+        replica = cls._from_config(config, attn_implementation=attn)
+    replica.to(dtype=dtype)
+    replica.to_empty(device=device)
+    replica.tie_weights()
+    return replica.eval()
+
+
+def sync_replica_weights(module: nn.Module, replica: nn.Module) -> None:
+    """Copy the full weights of a sharded ``module`` into ``replica``, one tensor at a time (collective).
+
+    FSDP2: each parameter is all-gathered with ``DTensor.full_tensor()`` and copied, so at most one
+    full tensor is in flight. FSDP1: inside ``summon_full_params(writeback=False)``. Buffers (e.g.
+    rotary ``inv_freq``) are copied from the module. Every rank must call this in the same order.
+
+    Args:
+        module: FSDP1 wrapper or FSDP2 module.
+        replica: from `build_generation_replica` for the same model.
+    """
+    ctx = (
+        FSDP.summon_full_params(module, writeback=False)
+        if isinstance(module, FSDP)
+        else contextlib.nullcontext()
+    )
+    with torch.no_grad(), ctx:
+        tensors = itertools.chain(replica.named_parameters(), replica.named_buffers())
+        for name, target in tensors:
+            try:
+                source = _get_attr_path(module, name)
+            except AttributeError as exc:
+                raise ValueError(f"generation replica: the sharded model has no tensor {name!r}") from exc
+            if isinstance(source, DTensor):
+                source = source.full_tensor()
+            if tuple(source.shape) != tuple(target.shape):
+                raise ValueError(
+                    f"generation replica: {name!r} has shape {tuple(source.shape)} in the sharded model but "
+                    f"{tuple(target.shape)} in the replica"
+                )
+            target.copy_(source)
+            del source
+
+
+@contextlib.contextmanager
+def _eval_mode(module: nn.Module) -> Iterator[nn.Module]:
+    was_training = module.training
+    module.eval()
+    try:
+        yield module
+    finally:
+        module.train(was_training)
+
+
+# ------------------------------------------------------------------------------------- the engine
+
+
+class HFRollout(BaseRollout):
+    """Generation with HF transformers models (plain, FSDP1 or FSDP2), see the module docstring.
+
+    Args:
+        module: the actor model: a plain HF causal LM, an FSDP2 ``fully_shard``-ed one, or an FSDP1
+            wrapper around one.
+        config: ``actor_rollout_ref.rollout`` (`RolloutConfig` or a mapping for `RolloutConfig.from_dict`).
+        tokenizer: supplies ``eos_token_id`` / ``pad_token_id`` when ``meta_info`` does not.
+        dp_rank: data-parallel rank; with equal chunks per rank it gives this rank's first row in the
+            whole batch (see `row_keys`). None = the process-group rank.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        config: RolloutConfig | Mapping[str, Any],
+        tokenizer: Any = None,
+        *,
+        dp_rank: int | None = None,
+    ) -> None:
+        self.module = module
+        self.config = config if isinstance(config, RolloutConfig) else RolloutConfig.from_dict(config)
+        self.tokenizer = tokenizer
+        self.dp_rank = get_rank() if dp_rank is None else dp_rank
+        self.sharded = _is_sharded(module)
+        self.replica: nn.Module | None = None
+        self._num_calls = 0
+
+    # ---- special tokens -----------------------------------------------------------------------------
+
+    def _token_ids(self, meta_info: Mapping[str, Any]) -> tuple[list[int], int]:
+        """EOS ids and pad id: ``meta_info``, then the tokenizer, then the model's generation config."""
+        gen_config = getattr(self.module, "generation_config", None)
+        sources = [meta_info, self.tokenizer, gen_config]
+
+        def first(name: str) -> Any:
+            for src in sources:
+                value = src.get(name) if isinstance(src, Mapping) else getattr(src, name, None)
+                if value is not None:
+                    return value
+            return None
+
+        eos = normalize_token_ids(first("eos_token_id"), "eos_token_id")
+        if not eos:
+            raise ValueError(
+                "HFRollout: no eos_token_id: set prompts.meta_info['eos_token_id'] or pass a tokenizer"
+            )
+        pad = first("pad_token_id")
+        pad = eos[0] if pad is None else pad
+        if isinstance(pad, bool) or not isinstance(pad, int):
+            raise ValueError(f"pad_token_id={pad!r} must be an int")
+        return eos, pad
+
+    # ---- weights ------------------------------------------------------------------------------------
+
+    def _replica_dtype(self) -> torch.dtype | None:
+        name = self.config.dtype
+        if name is None:
+            return None
+        if name not in _DTYPES:
+            raise ValueError(f"{ROLLOUT_KEY}.dtype={name!r} must be one of {sorted(_DTYPES)} or null")
+        return _DTYPES[name]
+
+    @contextlib.contextmanager
+    def generation_model(self) -> Iterator[nn.Module]:
+        """The module to decode with: the plain module (in eval mode) or a freshly synced replica.
+
+        Collective for sharded modules (all ranks enter together); the decoding inside is not.
+        """
+        if not self.sharded:
+            with _eval_mode(self.module) as model:
+                yield model
+            return
+        if self.replica is None:
+            self.replica = build_generation_replica(self.module, self._replica_dtype())
+        sync_replica_weights(self.module, self.replica)
+        try:
+            yield self.replica
+        finally:
+            if self.config.free_cache_engine:
+                self.replica = None
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+
+    # ---- generation ---------------------------------------------------------------------------------
+
+    def _check_prompts(self, prompts: DataProto) -> None:
+        if prompts.batch is None:
+            raise ValueError("HFRollout.generate_sequences: prompts has no tensor batch")
+        for key in ("input_ids", "attention_mask", "position_ids"):
+            if key not in prompts.batch.keys():
+                raise ValueError(f"HFRollout.generate_sequences: prompts.batch lacks {key!r}")
+        width = prompts.batch["input_ids"].shape[-1]
+        if len(prompts) == 0:
+            raise ValueError("HFRollout.generate_sequences: prompts is empty")
+        if width > self.config.prompt_length:
+            raise ValueError(
+                f"prompts are {width} tokens wide but {ROLLOUT_KEY}.prompt_length={self.config.prompt_length}"
+            )
+
+    def _step_id(self, meta_info: Mapping[str, Any]) -> int:
+        step = meta_info.get("global_steps")
+        step = self._num_calls if step is None else int(step)
+        return 2 * step + int(bool(meta_info.get("validate", False)))
+
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Generate ``n`` responses per prompt.
+
+        Args:
+            prompts: ``input_ids`` / ``attention_mask`` / ``position_ids`` of shape ``(bs, prompt_len)``,
+                left-padded; ``meta_info`` may set ``eos_token_id``, ``pad_token_id``, ``validate``,
+                ``global_steps`` and per-call ``temperature``, ``top_p``, ``top_k``, ``do_sample``, ``n``,
+                ``response_length``.
+
+        Returns:
+            DataProto of ``bs * n`` rows (see `build_rollout_output` for the keys).
+        """
+        self._check_prompts(prompts)
+        params = resolve_sampling_params(self.config, prompts.meta_info)
+        eos, pad = self._token_ids(prompts.meta_info)
+        batch = prompts.repeat(params.n, interleave=True) if params.n > 1 else prompts
+        rows = len(batch)
+        # Every rank gets an equal chunk (the dispatcher pads): rank r holds global rows [r*rows, (r+1)*rows).
+        keys = row_keys(self.config.seed, self._step_id(prompts.meta_info), self.dp_rank * rows, rows)
+        self._num_calls += 1
+        step = self.config.micro_batch_size or max(rows, 1)
+        responses, log_probs = [], []
+        with self.generation_model() as model:
+            device = next(model.parameters()).device
+            for start in range(0, rows, step):
+                part = batch.batch[start : start + step].to(device)
+                tokens, lps = decode(
+                    model,
+                    part["input_ids"],
+                    part["attention_mask"],
+                    part["position_ids"],
+                    params,
+                    keys[start : start + step].to(device),
+                    eos,
+                    pad,
+                )
+                responses.append(_pad_right(tokens, params.response_length, pad))
+                log_probs.append(_pad_right(lps, params.response_length, 0.0))
+        out_device = batch.batch["input_ids"].device
+        responses_t = torch.cat(responses).to(out_device)
+        log_probs_t = torch.cat(log_probs).to(out_device) if self.config.calculate_log_probs else None
+        return build_rollout_output(batch, responses_t, eos, log_probs_t)

@@ -1,0 +1,133 @@
+"""Trainer checkpoints: ``default_local_dir/global_step_N/{actor,critic}/`` plus the driver's state.
+
+The pointer file ``latest_checkpointed_iteration.txt`` is written last and atomically (write a temporary
+file, then ``os.replace``), so a crash while saving never leaves a pointer to a partial checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["LATEST_FILE", "TrainerCheckpointer", "latest_checkpoint_dir"]
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+STATE_FILE = "trainer_state.pt"
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+def latest_checkpoint_dir(root: str | os.PathLike) -> str | None:
+    """The ``global_step_N`` directory the pointer file names, or None when there is none."""
+    pointer = Path(root) / LATEST_FILE
+    if not pointer.is_file():
+        return None
+    text = pointer.read_text().strip()
+    if not text.isdigit():
+        raise ValueError(f"{pointer}: expected a step number, found {text!r}")
+    path = Path(root) / f"global_step_{int(text)}"
+    if not (path / STATE_FILE).is_file():
+        raise ValueError(f"{pointer} names step {text} but {path / STATE_FILE} is missing")
+    return str(path)
+
+
+class TrainerCheckpointer:
+    """Saves and restores worker checkpoints and the driver state under ``trainer.default_local_dir``.
+
+    Args:
+        trainer: the ``trainer`` config (``default_local_dir``, ``resume_mode``, ``resume_from_path``,
+            ``max_actor_ckpt_to_keep``, ``max_critic_ckpt_to_keep``).
+    """
+
+    def __init__(self, trainer: Any) -> None:
+        self.root = Path(str(trainer.default_local_dir))
+        self.resume_mode = str(trainer.resume_mode)
+        self.resume_from_path = trainer.resume_from_path
+        self.keep = {"actor": trainer.max_actor_ckpt_to_keep, "critic": trainer.max_critic_ckpt_to_keep}
+
+    def save(self, step: int, groups: Any, state: dict[str, Any]) -> str:
+        """Write step ``step``: every role's shards, then the driver state, then the pointer."""
+        step_dir = self.root / f"global_step_{step}"
+        step_dir.mkdir(parents=True, exist_ok=True)
+        groups.actor.save_checkpoint(str(step_dir / "actor"), step)
+        if groups.critic is not None:
+            groups.critic.save_checkpoint(str(step_dir / "critic"), step)
+        tmp = step_dir / (STATE_FILE + ".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, step_dir / STATE_FILE)
+        pointer_tmp = self.root / (LATEST_FILE + ".tmp")
+        pointer_tmp.write_text(str(step))
+        os.replace(pointer_tmp, self.root / LATEST_FILE)
+        self._prune(step)
+        logger.info("saved checkpoint %s", step_dir)
+        return str(step_dir)
+
+    def _prune(self, current: int) -> None:
+        steps = sorted(
+            int(m.group(1)) for p in self.root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()
+        )
+        for role, keep in self.keep.items():
+            if keep is None or int(keep) <= 0:
+                continue
+            for old in [s for s in steps if s != current][: max(0, len(steps) - int(keep))]:
+                shutil.rmtree(self.root / f"global_step_{old}" / role, ignore_errors=True)
+        for old in steps:
+            step_dir = self.root / f"global_step_{old}"
+            if old != current and not any((step_dir / r).exists() for r in ("actor", "critic")):
+                shutil.rmtree(step_dir, ignore_errors=True)
+
+    def resume_dir(self) -> str | None:
+        """Where to resume from per ``trainer.resume_mode`` (auto | disable | resume_path)."""
+        if self.resume_mode == "disable":
+            return None
+        if self.resume_mode == "resume_path":
+            path = Path(str(self.resume_from_path))
+            if not (path / STATE_FILE).is_file():
+                raise ValueError(
+                    f"trainer.resume_from_path={path}: not a complete checkpoint (no {STATE_FILE})"
+                )
+            return str(path)
+        if self.resume_mode != "auto":
+            raise ValueError(f"trainer.resume_mode={self.resume_mode!r} must be auto, disable or resume_path")
+        return latest_checkpoint_dir(self.root)
+
+    def load(self, groups: Any) -> dict[str, Any] | None:
+        """Restore every role from the resume directory; returns the driver state (None: fresh start)."""
+        path = self.resume_dir()
+        if path is None:
+            return None
+        step_dir = Path(path)
+        roles = [("actor", groups.actor)]
+        if groups.critic is not None:
+            if not (step_dir / "critic").exists():
+                raise ValueError(f"checkpoint {step_dir} has no critic/ but this run uses a critic")
+            roles.append(("critic", groups.critic))
+        for role, group in roles:
+            _note_world_size_change(step_dir / role, group.world_size)
+            group.load_checkpoint(str(step_dir / role))
+        return torch.load(step_dir / STATE_FILE, weights_only=True)
+
+
+def _note_world_size_change(role_dir: Path, world_size: int) -> None:
+    """Log what a resume on another number of ranks restores and what it re-seeds."""
+    from rlflow.parallel.checkpoint import saved_world_size
+
+    saved = saved_world_size(role_dir)
+    if saved == world_size:
+        return
+    logger.warning(
+        "resuming %s written by %d rank(s), this run has %d: model, optimizer and lr schedule are "
+        "resharded by torch.distributed.checkpoint; the per-rank python/numpy/torch RNG states are not "
+        "restored, every rank is re-seeded from trainer.seed (rollout sampling is keyed by step and global "
+        "row, mini-batch shuffles by step: neither reads those states)",
+        role_dir,
+        saved,
+        world_size,
+    )

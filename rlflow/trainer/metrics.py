@@ -1,0 +1,265 @@
+"""Metrics the driver computes from a finished PPO step: data statistics, timing, throughput, MFU.
+
+Every function here is pure (tensors and dicts in, ``dict[str, float]`` out). Metric names follow verl's
+(``critic/score/mean``, ``response_length/clip_ratio``, ``timing_s/gen``, ``perf/throughput``, ...), so a
+verl dashboard reads an rlflow run. ``docs/metrics.md`` explains every name.
+
+Statistics of values, advantages and returns are *not* computed here: those tensors stay in the workers
+(values travel as Ray futures), which report ``critic/{advantages,returns,values}/*`` and
+``critic/vf_explained_var`` as scalars (`rlflow.algos.stats`). Peak memory comes from the workers too
+(`rlflow.logging.memory`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "compute_data_metrics",
+    "compute_throughput_metrics",
+    "compute_timing_metrics",
+    "reduce_metrics",
+    "rollout_probs_diff",
+]
+
+# Sections of a step whose cost grows with the number of tokens they process, and which tokens those are.
+# ``gen`` produces the response tokens; the forward/backward sections run over prompt + response tokens.
+# Other sections (reward, testing, save_checkpoint, step) get only ``timing_s/<name>``.
+_RESPONSE_TOKEN_SECTIONS = ("gen",)
+_ALL_TOKEN_SECTIONS = ("old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
+
+
+def _batch_tensors(batch: Any) -> Mapping[str, torch.Tensor]:
+    """The TensorDict of a ``DataProto`` (or a plain mapping of tensors, for tests and scripts)."""
+    tensors = getattr(batch, "batch", batch)
+    if tensors is None:
+        raise ValueError("metrics: the DataProto has no tensor batch")
+    return tensors
+
+
+def _require(tensors: Mapping[str, torch.Tensor], key: str, fn_name: str) -> torch.Tensor:
+    if key not in tensors.keys():
+        raise ValueError(f"{fn_name}: the batch has no {key!r} (has {sorted(tensors.keys())})")
+    return tensors[key]
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    """``<prefix>/{mean,max,min}`` of a 1-D tensor (float64 arithmetic)."""
+    v = values.detach().to(torch.float64)
+    return {
+        f"{prefix}/mean": float(v.mean()),
+        f"{prefix}/max": float(v.max()),
+        f"{prefix}/min": float(v.min()),
+    }
+
+
+def _lengths(
+    tensors: Mapping[str, torch.Tensor], fn_name: str
+) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """Per-sample prompt and response lengths ``(bs,)`` and the padded widths ``prompt_len, response_len``.
+
+    ``response_len`` is the width of ``responses``; the response lengths are ``response_mask.sum(-1)``
+    (or the last ``response_len`` columns of ``attention_mask`` when ``response_mask`` is absent); the
+    prompt lengths are ``attention_mask[:, :prompt_len].sum(-1)``.
+    """
+    responses = _require(tensors, "responses", fn_name)
+    attention_mask = _require(tensors, "attention_mask", fn_name)
+    response_len = responses.shape[-1]
+    prompt_len = attention_mask.shape[-1] - response_len
+    if prompt_len < 0:
+        raise ValueError(
+            f"{fn_name}: attention_mask has {attention_mask.shape[-1]} columns, fewer than the "
+            f"{response_len} of responses"
+        )
+    if "response_mask" in tensors.keys():
+        response_mask = tensors["response_mask"]
+    else:
+        response_mask = attention_mask[:, prompt_len:]
+    response_length = response_mask.to(torch.float64).sum(-1)
+    prompt_length = attention_mask[:, :prompt_len].to(torch.float64).sum(-1)
+    return prompt_length, response_length, prompt_len, response_len
+
+
+def _is_eos(last_tokens: torch.Tensor, eos_token_id: int | Iterable[int]) -> torch.Tensor:
+    ids = [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(i) for i in eos_token_id]
+    return torch.isin(last_tokens, torch.tensor(ids, dtype=last_tokens.dtype, device=last_tokens.device))
+
+
+def compute_data_metrics(batch: Any, eos_token_id: int | Iterable[int] | None = None) -> dict[str, float]:
+    """Score, reward and length statistics of the batch of one PPO step.
+
+    Args:
+        batch: a ``DataProto`` whose ``batch`` holds ``responses: (bs, response_len)``,
+            ``attention_mask: (bs, prompt_len + response_len)`` (prompts left-padded),
+            ``response_mask: (bs, response_len)`` (optional, else taken from ``attention_mask``),
+            ``token_level_scores`` and ``token_level_rewards: (bs, response_len)``.
+        eos_token_id: when given, a full-length response whose last token is an EOS id is not counted
+            as clipped. Without it a response is clipped when it fills all ``response_len`` slots.
+
+    Returns:
+        ``critic/score/{mean,max,min}``: per-sequence sums of ``token_level_scores`` over the response
+        axis (the outcome score sits at the last valid token, zeros elsewhere), then mean/max/min over
+        sequences. ``critic/rewards/{mean,max,min}``: the same over ``token_level_rewards`` (score minus
+        the in-reward KL penalty, when enabled). ``response_length/{mean,max,min}``: valid response
+        tokens per sequence; ``response_length/clip_ratio``: fraction of sequences whose response fills
+        ``response_len`` (cut by the length limit rather than ended by EOS).
+        ``prompt_length/{mean,max,min}``: valid prompt tokens per sequence;
+        ``prompt_length/clip_ratio``: fraction of prompts filling the ``prompt_len`` window.
+    """
+    fn = "compute_data_metrics"
+    tensors = _batch_tensors(batch)
+    scores = _require(tensors, "token_level_scores", fn).to(torch.float64).sum(-1)
+    rewards = _require(tensors, "token_level_rewards", fn).to(torch.float64).sum(-1)
+    prompt_length, response_length, prompt_len, response_len = _lengths(tensors, fn)
+    if response_length.numel() == 0:
+        raise ValueError(f"{fn}: the batch is empty")
+
+    clipped = response_length == response_len
+    if eos_token_id is not None and response_len > 0:
+        clipped = clipped & ~_is_eos(tensors["responses"][:, -1], eos_token_id)
+
+    metrics: dict[str, float] = {}
+    metrics.update(_stats("critic/score", scores))
+    metrics.update(_stats("critic/rewards", rewards))
+    metrics.update(_stats("response_length", response_length))
+    metrics["response_length/clip_ratio"] = float(clipped.to(torch.float64).mean())
+    metrics.update(_stats("prompt_length", prompt_length))
+    metrics["prompt_length/clip_ratio"] = float((prompt_length == prompt_len).to(torch.float64).mean())
+    return metrics
+
+
+def _token_counts(batch: Any, fn_name: str) -> tuple[float, float]:
+    """``(response tokens, prompt + response tokens)`` of the batch (valid tokens only)."""
+    prompt_length, response_length, _, _ = _lengths(_batch_tensors(batch), fn_name)
+    n_response = float(response_length.sum())
+    return n_response, n_response + float(prompt_length.sum())
+
+
+def compute_timing_metrics(batch: Any, timing_raw: Mapping[str, float]) -> dict[str, float]:
+    """Wall time of each named section of a step, in seconds and per processed token.
+
+    Args:
+        batch: the step's ``DataProto`` (``responses``, ``attention_mask``, optional ``response_mask``).
+        timing_raw: section name → seconds (``gen``, ``reward``, ``old_log_prob``, ``ref``, ``values``,
+            ``adv``, ``update_critic``, ``update_actor``, ``testing``, ``save_checkpoint``, ``step``).
+
+    Returns:
+        ``timing_s/<name>`` for every section, and ``timing_per_token_ms/<name>`` = 1000 × seconds /
+        tokens for the token-bound sections: ``gen`` over the valid response tokens; ``old_log_prob``,
+        ``ref``, ``values``, ``adv``, ``update_critic``, ``update_actor`` over the valid prompt + response
+        tokens. Sections with no token to divide by get no per-token entry.
+    """
+    n_response, n_all = _token_counts(batch, "compute_timing_metrics")
+    tokens = {name: n_response for name in _RESPONSE_TOKEN_SECTIONS}
+    tokens.update({name: n_all for name in _ALL_TOKEN_SECTIONS})
+    metrics: dict[str, float] = {}
+    for name, seconds in timing_raw.items():
+        metrics[f"timing_s/{name}"] = float(seconds)
+    for name, seconds in timing_raw.items():
+        n = tokens.get(name, 0.0)
+        if n > 0:
+            metrics[f"timing_per_token_ms/{name}"] = 1000.0 * float(seconds) / n
+    return metrics
+
+
+def compute_throughput_metrics(
+    batch: Any,
+    timing_raw: Mapping[str, float],
+    n_workers: int,
+    actor_flops: float | None = None,
+    peak_flops: float | None = None,
+) -> dict[str, float]:
+    """Tokens per second per worker and, given a FLOPs estimate and a peak, the actor's MFU.
+
+    Args:
+        batch: the step's ``DataProto`` (``attention_mask: (bs, prompt_len + response_len)``).
+        timing_raw: section name → seconds; needs ``step`` (and ``update_actor`` for the MFU).
+        n_workers: ranks that share the work (the actor world size), > 0.
+        actor_flops: FLOPs of the whole actor update of this step, summed over ranks and PPO epochs, e.g.
+            ``FlopsCounter(hf_config).estimate_flops(seqlens) * ppo_epochs``
+            (:mod:`rlflow.logging.flops`).
+        peak_flops: peak FLOP/s of *one* worker (:func:`rlflow.logging.flops.peak_flops`).
+
+    Returns:
+        ``perf/total_num_tokens``: valid prompt + response tokens of the batch; ``perf/time_per_step``:
+        ``timing_raw["step"]``; ``perf/throughput``: ``total_num_tokens / (time_per_step * n_workers)``.
+        With both ``actor_flops`` and ``peak_flops``: ``perf/mfu/actor`` =
+        ``actor_flops / (timing_raw["update_actor"] * n_workers * peak_flops)`` (model FLOPs utilisation,
+        Chowdhery et al. 2022, PaLM, appendix B) and ``perf/achieved_tflops/actor`` (per worker).
+    """
+    fn = "compute_throughput_metrics"
+    if int(n_workers) <= 0:
+        raise ValueError(f"{fn}: n_workers must be > 0, got {n_workers}")
+    if "step" not in timing_raw:
+        raise ValueError(f"{fn}: timing_raw has no 'step' (has {sorted(timing_raw)})")
+    attention_mask = _require(_batch_tensors(batch), "attention_mask", fn)
+    total_tokens = float(attention_mask.to(torch.float64).sum())
+    time_per_step = float(timing_raw["step"])
+    metrics = {
+        "perf/total_num_tokens": total_tokens,
+        "perf/time_per_step": time_per_step,
+        "perf/throughput": total_tokens / (time_per_step * n_workers) if time_per_step > 0 else 0.0,
+    }
+    if actor_flops is not None and peak_flops is not None:
+        update_s = float(timing_raw.get("update_actor", 0.0))
+        if update_s > 0 and peak_flops > 0:
+            per_worker = float(actor_flops) / (update_s * n_workers)
+            metrics["perf/achieved_tflops/actor"] = per_worker / 1e12
+            metrics["perf/mfu/actor"] = per_worker / float(peak_flops)
+    return metrics
+
+
+def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Mean of each metric's list of values (e.g. one value per mini-batch or per rank).
+
+    Args:
+        metrics: name → list of numbers (a bare number is kept as is).
+
+    Returns:
+        name → float mean.
+
+    Raises:
+        ValueError: a metric has an empty list (its mean is undefined), naming the metric.
+    """
+    out: dict[str, float] = {}
+    for key, values in metrics.items():
+        if isinstance(values, int | float | np.number):
+            out[key] = float(values)
+            continue
+        arr = np.asarray([float(v) for v in values], dtype=np.float64)
+        if arr.size == 0:
+            raise ValueError(f"reduce_metrics: metric {key!r} has no value to average")
+        out[key] = float(arr.mean())
+    return out
+
+
+def rollout_probs_diff(batch: Any) -> dict[str, float]:
+    """How far the rollout engine's token probabilities are from the trainer's (verl's metric names).
+
+    ``|exp(rollout_log_probs) - exp(old_log_probs)|`` over valid response tokens: 0 up to float noise
+    when the rollout and the training forward agree (DESIGN invariant 2).
+
+    Args:
+        batch: with ``rollout_log_probs``, ``old_log_probs``, ``response_mask``: (bs, response_len).
+
+    Returns:
+        ``training/rollout_probs_diff_{max,mean,std}``.
+    """
+    tensors = _batch_tensors(batch)
+    fn_name = "rollout_probs_diff"
+    mask = _require(tensors, "response_mask", fn_name).bool()
+    rollout = _require(tensors, "rollout_log_probs", fn_name)
+    trainer = _require(tensors, "old_log_probs", fn_name)
+    diff = (rollout.double().exp() - trainer.double().exp()).abs()[mask]
+    if diff.numel() == 0:
+        return {}
+    std = float(diff.std()) if diff.numel() > 1 else 0.0
+    return {
+        "training/rollout_probs_diff_max": float(diff.max()),
+        "training/rollout_probs_diff_mean": float(diff.mean()),
+        "training/rollout_probs_diff_std": std,
+    }

@@ -1,0 +1,425 @@
+"""``RayPPOTrainer``: the PPO loop on the driver, as named steps.
+
+One step::
+
+    generate → reward → old log-prob → ref log-prob → (KL in reward) → values (a future)
+             → advantages → update critic → update actor → validate → save → log
+
+The critic's ``compute_values`` is non-blocking: its object refs go straight to ``update_critic`` and
+``update_actor`` on the workers, routed by sample index, and the driver never fetches them. With a
+critic, advantages (and the critic's returns) are computed inside the workers on the batch gathered over
+their data-parallel ranks; without one, the driver computes them (it holds the whole batch), so group
+estimators always see whole groups.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from rlflow.algos.compute_advantage import advantage_metrics, compute_advantage
+from rlflow.engine.seqlen_balancing import balance_batch_across_dp
+from rlflow.logging.tracking import ProgressBar
+from rlflow.protocol import DataProto, DataProtoFuture
+from rlflow.trainer.checkpointing import TrainerCheckpointer
+from rlflow.trainer.metrics import (
+    compute_data_metrics,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+    rollout_probs_diff,
+)
+from rlflow.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
+from rlflow.trainer.worker_groups import WorkerGroups, build_worker_groups
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RayPPOTrainer"]
+
+
+@contextmanager
+def _timer(name: str, timing: dict[str, float]) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
+
+
+def _worker_metrics(out: DataProto) -> dict[str, float]:
+    """Metrics a data-parallel call returned in ``meta_info["metrics"]`` (one value per rank, already
+    reduced over ranks inside the workers; the mean guards against a rank that differs)."""
+    metrics = out.meta_info.get("metrics", {})
+    return {k: float(np.mean(v)) if isinstance(v, list) else float(v) for k, v in metrics.items()}
+
+
+class RayPPOTrainer:
+    """Runs PPO (or GRPO and the other estimators) with colocated FSDP worker groups.
+
+    Args:
+        config: the composed and validated ``ppo_trainer`` config.
+        tokenizer: the actor's tokenizer (pad/eos ids for generation, decoding for rewards).
+        reward_fn / val_reward_fn: reward managers (``fn(batch, return_dict=True)``).
+        train_dataloader / val_dataloader: resumable loaders of prompt batches (dicts for
+            ``DataProto.from_single_dict``).
+        custom_advantage_fn: the loaded ``algorithm.custom_advantage_function`` (driver side).
+        tracker: an object with ``log(metrics, step)`` (e.g. :class:`rlflow.logging.tracking.Tracking`).
+    """
+
+    def __init__(
+        self,
+        config: DictConfig,
+        tokenizer: Any,
+        reward_fn: Callable[..., Any],
+        val_reward_fn: Callable[..., Any] | None,
+        train_dataloader: Any,
+        val_dataloader: Any | None = None,
+        custom_advantage_fn: Callable[..., Any] | None = None,
+        tracker: Any | None = None,
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn or reward_fn
+        self.train_dataloader, self.val_dataloader = train_dataloader, val_dataloader
+        self.custom_advantage_fn = custom_advantage_fn
+        self.tracker = tracker
+        self.global_steps = 0
+        self.kl_ctrl = (
+            get_kl_controller(config.algorithm.kl_ctrl) if config.algorithm.use_kl_in_reward else None
+        )
+        self.groups: WorkerGroups | None = None
+        self.checkpointer = TrainerCheckpointer(config.trainer)
+        self.history: list[dict[str, float]] = []
+        self.total_training_steps = self._total_steps()
+        self._flops_counter, self._peak_flops = self._flops_setup()
+
+    def _flops_setup(self) -> tuple[Any, float | None]:
+        """FLOPs estimator of the actor model and the per-worker peak for the MFU."""
+        from transformers import AutoConfig
+
+        from rlflow.logging.flops import FlopsCounter, peak_flops
+
+        model = self.config.actor_rollout_ref.model
+        try:
+            counter = FlopsCounter(
+                AutoConfig.from_pretrained(str(model.path), trust_remote_code=bool(model.trust_remote_code))
+            )
+        except (ValueError, TypeError) as err:  # e.g. a mixture-of-experts config
+            logger.warning("no FLOPs estimate for this model (%s); MFU is not reported", err)
+            return None, None
+        trainer = self.config.trainer
+        configured = None if trainer.peak_tflops is None else float(trainer.peak_tflops) * 1e12
+        device = "cuda" if torch.cuda.is_available() and str(trainer.device) != "cpu" else "cpu"
+        threads = max(1, int(float(trainer.cpus_per_worker)))
+        return counter, peak_flops(device, configured=configured, num_threads=threads)
+
+    # ---- set-up ---------------------------------------------------------------------------------------
+
+    def _total_steps(self) -> int:
+        per_epoch = len(self.train_dataloader)
+        total = per_epoch * int(self.config.trainer.total_epochs)
+        if self.config.trainer.total_training_steps is not None:
+            total = min(total, int(self.config.trainer.total_training_steps))
+        return total
+
+    def init_workers(self) -> None:
+        """Create the colocated worker groups and build their models."""
+        self.groups = build_worker_groups(self.config, total_training_steps=self.total_training_steps)
+
+    @property
+    def use_critic(self) -> bool:
+        return self.groups is not None and self.groups.critic is not None
+
+    # ---- the loop -------------------------------------------------------------------------------------
+
+    def fit(self) -> dict[str, float]:
+        """Train for ``total_training_steps``; returns the last step's metrics (plus validation)."""
+        if self.groups is None:
+            self.init_workers()
+        self._load_checkpoint()
+        last: dict[str, float] = {}
+        if (
+            self.val_dataloader is not None
+            and self.config.trainer.val_before_train
+            and self.global_steps == 0
+        ):
+            last = self._validate()
+            self._log(last, step=0)
+        epoch = self.global_steps // max(len(self.train_dataloader), 1)
+        with ProgressBar(self.total_training_steps, initial=self.global_steps, disable=None) as bar:
+            while self.global_steps < self.total_training_steps:
+                for raw in self.train_dataloader:
+                    self.global_steps += 1
+                    last = self.train_step(DataProto.from_single_dict(raw), epoch)
+                    self._log(last, step=self.global_steps)
+                    bar.update(last)
+                    if self.global_steps >= self.total_training_steps:
+                        break
+                epoch += 1
+        return last
+
+    def train_step(self, batch: DataProto, epoch: int = 0) -> dict[str, float]:
+        """One PPO step on a batch of prompts; returns its metrics."""
+        timing: dict[str, float] = {}
+        metrics: dict[str, float] = {"training/global_step": self.global_steps, "training/epoch": epoch}
+        with _timer("step", timing):
+            with _timer("gen", timing):
+                batch = self._generate(batch)
+            self._balance(batch)
+            with _timer("reward", timing):
+                metrics.update(self._reward(batch))
+            with _timer("old_log_prob", timing):
+                metrics.update(self._old_log_prob(batch))
+            if self.groups.ref is not None:
+                with _timer("ref", timing):
+                    self._ref_log_prob(batch)
+            metrics.update(self._rewards_with_kl(batch))
+            with _timer("values", timing):
+                values = self._values(batch)
+            with _timer("adv", timing):
+                metrics.update(self._advantages(batch))
+            if self.use_critic:
+                with _timer("update_critic", timing):
+                    metrics.update(self._update_critic(batch, values))
+            if self.global_steps > int(self.config.trainer.critic_warmup):
+                with _timer("update_actor", timing):
+                    metrics.update(self._update_actor(batch, values))
+            if self._due(self.config.trainer.test_freq):
+                with _timer("testing", timing):
+                    metrics.update(self._validate())
+            if self._due(self.config.trainer.save_freq):
+                with _timer("save_checkpoint", timing):
+                    self._save_checkpoint()
+        metrics.update(self._gen_metrics)
+        metrics.update(compute_data_metrics(batch, eos_token_id=self._eos_token_ids()))
+        metrics.update(compute_timing_metrics(batch, timing))
+        metrics.update(self._throughput(batch, timing))
+        return metrics
+
+    def _throughput(self, batch: DataProto, timing: dict[str, float]) -> dict[str, float]:
+        actor_flops = None
+        if self._flops_counter is not None and "update_actor" in timing:
+            seqlens = batch.batch["attention_mask"].sum(-1).tolist()
+            epochs = int(self.config.actor_rollout_ref.actor.ppo_epochs)
+            actor_flops = self._flops_counter.estimate_flops(seqlens) * epochs
+        return compute_throughput_metrics(
+            batch,
+            timing,
+            n_workers=self.groups.actor.world_size,
+            actor_flops=actor_flops,
+            peak_flops=self._peak_flops,
+        )
+
+    def _due(self, freq: int | None) -> bool:
+        if not freq or freq <= 0:
+            return False
+        return self.global_steps % int(freq) == 0 or self.global_steps == self.total_training_steps
+
+    # ---- steps ----------------------------------------------------------------------------------------
+
+    def _generate(self, batch: DataProto) -> DataProto:
+        """Sample ``rollout.n`` responses per prompt; the batch becomes one row per response."""
+        n = int(self.config.actor_rollout_ref.rollout.n)
+        batch.non_tensor_batch["uid"] = np.array(
+            [f"{self.global_steps}-{i}" for i in range(len(batch))], dtype=object
+        )
+        gen_batch = batch.pop(batch_keys=["input_ids", "attention_mask", "position_ids"])
+        gen_batch.meta_info.update(self._generation_meta(validate=False))
+        out = self.groups.actor.generate_sequences(gen_batch)
+        self._gen_metrics = {k: float(np.mean(v)) for k, v in out.meta_info.get("metrics", {}).items()}
+        out.meta_info = {}
+        batch = batch.repeat(n, interleave=True).union(out)
+        batch.meta_info["global_batch_size"] = len(batch)
+        return batch
+
+    def _eos_token_ids(self) -> list[int]:
+        """The tokenizer's EOS and every EOS of the model's generation config (e.g. an end-of-turn token)."""
+        if not hasattr(self, "_eos_ids"):
+            from transformers import GenerationConfig
+
+            ids = [self.tokenizer.eos_token_id]
+            try:
+                gen = GenerationConfig.from_pretrained(str(self.config.actor_rollout_ref.model.path))
+                extra = gen.eos_token_id
+                ids += extra if isinstance(extra, list) else [extra]
+            except OSError:  # no generation_config.json
+                pass
+            self._eos_ids = sorted({int(i) for i in ids if i is not None})
+        return self._eos_ids
+
+    def _generation_meta(self, validate: bool) -> dict[str, Any]:
+        return {
+            "eos_token_id": self._eos_token_ids(),
+            "pad_token_id": self.tokenizer.pad_token_id,
+            "global_steps": self.global_steps,
+            "validate": validate,
+        }
+
+    def _balance(self, batch: DataProto) -> None:
+        """Reorder samples so every actor DP rank gets a similar number of tokens."""
+        if not self.config.trainer.balance_batch:
+            return
+        seqlens = batch.batch["attention_mask"].sum(-1).tolist()
+        order = balance_batch_across_dp(seqlens, self.groups.actor_dp_size)
+        batch.reorder(torch.as_tensor(order))
+
+    def _reward(self, batch: DataProto) -> dict[str, float]:
+        if self.groups.reward_model is not None:
+            batch.union(self.groups.reward_model.compute_rm_score(batch).select(meta_info_keys=[]))
+        result = self.reward_fn(batch, return_dict=True)
+        batch.batch["token_level_scores"] = result["reward_tensor"]
+        extra = result.get("reward_extra_info", {})
+        return {f"reward/{k}/mean": float(np.mean(v)) for k, v in extra.items() if _is_numeric(v)}
+
+    def _old_log_prob(self, batch: DataProto) -> dict[str, float]:
+        from rlflow.rollout.base import logprob_temperature
+
+        temperature = logprob_temperature(self.config.actor_rollout_ref.rollout.temperature)
+        batch.meta_info["temperature"] = temperature
+        batch.meta_info["global_steps"] = self.global_steps
+        out = self.groups.actor.compute_log_prob(batch)
+        metrics = _worker_metrics(out)
+        batch.union(out.select(batch_keys=["old_log_probs"], meta_info_keys=[]))
+        if "rollout_log_probs" in batch.batch.keys():
+            metrics.update(rollout_probs_diff(batch))
+        return metrics
+
+    def _ref_log_prob(self, batch: DataProto) -> None:
+        out = self.groups.ref.compute_ref_log_prob(batch)
+        batch.union(out.select(batch_keys=["ref_log_prob"], meta_info_keys=[]))
+
+    def _rewards_with_kl(self, batch: DataProto) -> dict[str, float]:
+        if self.kl_ctrl is None:
+            batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+            return {}
+        _, metrics = apply_kl_penalty(batch, self.kl_ctrl, self.config.algorithm.kl_penalty)
+        return metrics
+
+    def _values(self, batch: DataProto) -> DataProtoFuture | None:
+        """Critic values as a future (object refs on the critic workers), or None without a critic."""
+        if not self.use_critic:
+            return None
+        future = self.groups.critic.compute_values(batch)
+        if not isinstance(future, DataProtoFuture):
+            raise TypeError("CriticWorker.compute_values must be registered with blocking=False")
+        return future
+
+    def _advantages(self, batch: DataProto) -> dict[str, float]:
+        """Without a critic the driver computes advantages on the whole batch (whole groups)."""
+        if self.use_critic:
+            return {}  # computed inside the workers from the values future
+        advantages, returns = compute_advantage(batch, self.config.algorithm, self.custom_advantage_fn)
+        batch.batch["advantages"], batch.batch["returns"] = advantages, returns
+        return advantage_metrics(batch, advantages, returns)
+
+    def _update_critic(self, batch: DataProto, values: DataProtoFuture) -> dict[str, float]:
+        return _worker_metrics(self.groups.critic.update_critic(batch, values=values))
+
+    def _update_actor(self, batch: DataProto, values: DataProtoFuture | None) -> dict[str, float]:
+        if values is None:
+            return _worker_metrics(self.groups.actor.update_actor(batch))
+        return _worker_metrics(self.groups.actor.update_actor(batch, values=values))
+
+    # ---- validation -----------------------------------------------------------------------------------
+
+    def _validate(self) -> dict[str, float]:
+        """Greedy (``rollout.val_kwargs``) generation on the validation set; mean score per data source."""
+        if self.val_dataloader is None:
+            return {}
+        scores: dict[str, list[float]] = {}
+        dump_dir = self.config.trainer.validation_data_dir
+        dumped: list[tuple[DataProto, list[float]]] = []
+        for raw in self.val_dataloader:
+            batch = DataProto.from_single_dict(raw)
+            gen_batch = batch.pop(batch_keys=["input_ids", "attention_mask", "position_ids"])
+            gen_batch.meta_info.update(self._generation_meta(validate=True))
+            out = self.groups.actor.generate_sequences(gen_batch)
+            out.meta_info = {}
+            n = len(out) // len(batch)
+            batch = batch.repeat(n, interleave=True).union(out)
+            if self.groups.reward_model is not None:
+                batch.union(self.groups.reward_model.compute_rm_score(batch).select(meta_info_keys=[]))
+            result = self.val_reward_fn(batch, return_dict=True)
+            seq_scores = result["reward_tensor"].sum(-1).tolist()
+            sources = batch.non_tensor_batch.get(
+                "data_source", np.array(["unknown"] * len(batch), dtype=object)
+            )
+            for src, s in zip(sources, seq_scores):
+                scores.setdefault(str(src), []).append(float(s))
+            if dump_dir:
+                dumped.append((batch, seq_scores))
+        if dumped:
+            self._dump_generations(str(dump_dir), dumped)
+        return {f"val-core/{src}/reward/mean@1": float(np.mean(v)) for src, v in scores.items()}
+
+    def _dump_generations(self, out_dir: str, parts: list[tuple[DataProto, list[float]]]) -> None:
+        """Decoded prompts and responses with their scores, for ``scripts/view_rollouts.py``."""
+        from rlflow.logging.rollout_viewer import dump_generations
+
+        batch = DataProto.concat([b.select(meta_info_keys=[]) for b, _ in parts])
+        scores = [s for _, part in parts for s in part]
+        prompt_len = batch.batch["prompts"].shape[-1]
+        mask = batch.batch["attention_mask"].bool()
+        decode = self.tokenizer.decode
+        prompts = [decode(ids[m[:prompt_len]].tolist()) for ids, m in zip(batch.batch["prompts"], mask)]
+        responses = [decode(ids[m[prompt_len:]].tolist()) for ids, m in zip(batch.batch["responses"], mask)]
+        extra = {}
+        if "reward_model" in batch.non_tensor_batch:
+            extra["ground_truth"] = [
+                str(r.get("ground_truth")) for r in batch.non_tensor_batch["reward_model"]
+            ]
+        if "data_source" in batch.non_tensor_batch:
+            extra["data_source"] = [str(x) for x in batch.non_tensor_batch["data_source"]]
+        dump_generations(out_dir, self.global_steps, prompts, responses, scores, extra)
+
+    # ---- checkpoints ----------------------------------------------------------------------------------
+
+    def _trainer_state(self) -> dict[str, Any]:
+        return {
+            "global_steps": self.global_steps,
+            "dataloader": self.train_dataloader.state_dict(),
+            "kl_coef": None if self.kl_ctrl is None else float(self.kl_ctrl.value),
+        }
+
+    def _save_checkpoint(self) -> None:
+        self.checkpointer.save(self.global_steps, self.groups, self._trainer_state())
+
+    def _load_checkpoint(self) -> None:
+        state = self.checkpointer.load(self.groups)
+        if state is None:
+            return
+        self.global_steps = int(state["global_steps"])
+        self.train_dataloader.load_state_dict(state["dataloader"])
+        if self.kl_ctrl is not None and state.get("kl_coef") is not None:
+            self.kl_ctrl.value = state["kl_coef"]
+        logger.info("resumed from step %d", self.global_steps)
+
+    # ---- logging --------------------------------------------------------------------------------------
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        self.history.append({"step": step, **metrics})
+        if self.tracker is not None:
+            self.tracker.log(metrics, step=step)
+
+    def shutdown(self) -> None:
+        """Kill the worker actors and release their placement group."""
+        if self.groups is not None:
+            self.groups.shutdown()
+            self.groups = None
+
+
+def _is_numeric(values: Any) -> bool:
+    try:
+        np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def config_to_container(config: DictConfig) -> dict:
+    """The resolved config as plain Python containers (what worker actors receive)."""
+    return OmegaConf.to_container(config, resolve=True)  # type: ignore[return-value]

@@ -1,0 +1,102 @@
+"""Which worker groups a run needs, and creating them colocated on one resource pool.
+
+Every role (actor+rollout, reference, critic, reward model) is its own worker group — its own Ray
+actor processes — on the bundles of one placement group per node. Each role's actor takes
+``1 / number_of_roles`` of a bundle, so all of them fit on the same CPUs/GPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlflow.config import need_critic, need_reference_policy
+from rlflow.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from rlflow.single_controller.worker_group import wait_all
+
+__all__ = ["WorkerGroups", "build_worker_groups"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerGroups:
+    pool: RayResourcePool
+    actor: RayWorkerGroup | None
+    ref: RayWorkerGroup | None = None
+    critic: RayWorkerGroup | None = None
+    reward_model: RayWorkerGroup | None = None
+    actor_dp_size: int = 1
+
+    def all(self) -> list[RayWorkerGroup]:
+        return [g for g in (self.actor, self.ref, self.critic, self.reward_model) if g is not None]
+
+    def shutdown(self) -> None:
+        for g in self.all():
+            g.shutdown()
+        self.pool.remove()
+
+
+def _device(config: DictConfig) -> str:
+    device = str(config.trainer.device)
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def build_worker_groups(config: DictConfig, total_training_steps: int) -> WorkerGroups:
+    """Create the resource pool and every needed role's group, then build all models (in parallel)."""
+    from rlflow.workers.roles import ActorRolloutWorker, CriticWorker, RefWorker, RewardModelWorker
+
+    roles = ["actor"]
+    if need_reference_policy(config):
+        roles.append("ref")
+    if need_critic(config):
+        roles.append("critic")
+    if config.reward_model.enable:
+        roles.append("reward_model")
+    trainer = config.trainer
+    pool = RayResourcePool(
+        [int(trainer.n_gpus_per_node)] * int(trainer.nnodes),
+        use_gpu=_device(config) == "cuda",
+        max_colocate_count=len(roles),
+        cpus_per_bundle=float(trainer.cpus_per_worker),
+        name_prefix=f"rlflow_{trainer.experiment_name}",
+        placement_timeout_s=float(trainer.placement_timeout_s),
+    )
+    plain = OmegaConf.to_container(config, resolve=True)
+    plain["trainer"]["total_training_steps_resolved"] = int(total_training_steps)
+
+    timeout = float(trainer.worker_start_timeout_s)
+
+    def group(cls: type, name: str, num_workers: int | None = None) -> RayWorkerGroup:
+        return RayWorkerGroup(
+            pool,
+            RayClassWithInitArgs(cls, config=plain),
+            name_prefix=name,
+            num_workers=num_workers,
+            start_timeout_s=timeout,
+        )
+
+    groups = WorkerGroups(pool=pool, actor=None)
+    try:
+        groups.actor = group(ActorRolloutWorker, "actor_rollout")
+        if "ref" in roles:
+            groups.ref = group(RefWorker, "ref")
+        if "critic" in roles:
+            critic_world = config.critic.world_size
+            groups.critic = group(CriticWorker, "critic", None if critic_world is None else int(critic_world))
+        if "reward_model" in roles:
+            groups.reward_model = group(RewardModelWorker, "reward_model")
+        logger.info("building the models of %s", ", ".join(g.name for g in groups.all()))
+        wait_all([(g.init_model(), "init_model") for g in groups.all()], timeout)
+    except BaseException:
+        groups.shutdown()  # no half-started run left holding the placement group
+        raise
+    sp = int(config.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
+    groups.actor_dp_size = groups.actor.world_size // sp
+    return groups

@@ -1,0 +1,476 @@
+"""The trainer config: composition of every shipped YAML, the typed schema, the critic config file and
+each validation error (fast: no Ray, no model)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from rlflow.config import (
+    PPOTrainerConfig,
+    apply_critic_config_file,
+    config_dir,
+    load_config,
+    need_critic,
+    need_reference_policy,
+    validate_config,
+)
+
+HEADS = {"num_attention_heads": 4, "num_key_value_heads": 2}  # the embedded tiny model
+ACTOR = "actor_rollout_ref.actor"
+ROLLOUT = "actor_rollout_ref.rollout"
+
+REWARD_PY = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return float(solution_str == ground_truth)
+
+NOT_CALLABLE = 3
+"""
+
+ADVANTAGE_PY = """
+def my_advantage(token_level_rewards, response_mask, values, index, config, **kwargs):
+    return token_level_rewards, token_level_rewards
+"""
+
+
+@pytest.fixture
+def user_files(tmp_path: Path) -> dict[str, str]:
+    """Files the parametrized cases refer to as ``{name}``."""
+    (tmp_path / "reward.py").write_text(REWARD_PY)
+    (tmp_path / "advantage.py").write_text(ADVANTAGE_PY)
+    (tmp_path / "train.parquet").write_bytes(b"")
+    (tmp_path / "ckpt").mkdir()
+    return {
+        "reward": str(tmp_path / "reward.py"),
+        "advantage": str(tmp_path / "advantage.py"),
+        "train": str(tmp_path / "train.parquet"),
+        "ckpt": str(tmp_path / "ckpt"),
+        "missing": str(tmp_path / "missing.parquet"),
+    }
+
+
+# --------------------------------------------------------------------------- composition
+
+
+def _shipped_yamls() -> list[Path]:
+    return sorted(config_dir().rglob("*.yaml"))
+
+
+def test_config_dir_holds_the_main_config():
+    assert (config_dir() / "ppo_trainer.yaml").is_file()
+    assert config_dir().is_absolute()
+
+
+@pytest.mark.parametrize("path", _shipped_yamls(), ids=lambda p: str(p.relative_to(config_dir())))
+def test_every_shipped_yaml_composes(path: Path):
+    """Top-level YAMLs compose as configs; examples/critic_*.yaml apply as critic config files."""
+    rel = path.relative_to(config_dir())
+    if rel.parent == Path("."):
+        cfg = load_config(config_name=path.stem)
+    elif rel.parent == Path("examples") and rel.name.startswith("critic_"):
+        cfg = load_config([f"critic.config_path={rel}"])
+        assert cfg.critic.config_path == str(path)
+    else:
+        pytest.fail(f"shipped YAML {rel} is not covered by this test: add its kind here")
+    OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
+    validate_config(cfg, **HEADS)
+
+
+def test_default_config_values_and_schema_agree():
+    cfg = load_config()
+    # The YAML and the dataclass defaults are one tree (the YAML only adds comments).
+    assert cfg == OmegaConf.structured(PPOTrainerConfig)
+    assert OmegaConf.get_type(cfg.critic).__name__ == "CriticConfig"
+    assert cfg.data.train_batch_size == 16 and cfg.data.max_prompt_length == 32
+    assert cfg.data.max_response_length == 8 and cfg.data.task == "repeat"
+    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 16
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 8
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1.0e-3, abs=0)
+    assert list(cfg.actor_rollout_ref.actor.optim.betas) == [0.9, 0.999]
+    assert cfg.critic.optim.eps == pytest.approx(1.0e-8, abs=0)
+    assert cfg.trainer.total_training_steps == 40 and cfg.trainer.n_gpus_per_node == 2
+    assert list(cfg.trainer.logger) == ["console", "jsonl"]
+    assert cfg.algorithm.adv_estimator == "gae" and cfg.custom_reward_function.name == "compute_score"
+    assert cfg.algorithm.custom_advantage_function.name is None
+    assert need_critic(cfg) and not need_reference_policy(cfg)
+
+
+def test_grpo_composes_without_critic():
+    cfg = load_config(["algorithm.adv_estimator=grpo"])
+    validate_config(cfg, **HEADS)
+    assert not need_critic(cfg)
+    assert need_critic(load_config(["algorithm.adv_estimator=grpo", "critic.enable=true"]))
+    assert need_reference_policy(load_config([f"{ACTOR}.use_kl_loss=true"]))
+
+
+def test_interpolations_follow_the_actor():
+    cfg = load_config(
+        [
+            "actor_rollout_ref.model.path='rlflow://tiny?seed=3'",  # quoted: the value holds '='
+            f"{ACTOR}.ppo_mini_batch_size=8",
+            f"{ACTOR}.use_dynamic_bsz=true",
+            "data.max_response_length=12",
+            "trainer.experiment_name=exp",
+        ]
+    )
+    assert cfg.critic.model.path == "rlflow://tiny?seed=3"
+    assert cfg.critic.ppo_mini_batch_size == 8
+    assert cfg.critic.use_dynamic_bsz is True
+    assert cfg.actor_rollout_ref.ref.log_prob_use_dynamic_bsz is True
+    assert cfg.actor_rollout_ref.rollout.response_length == 12
+    assert cfg.critic.forward_micro_batch_size_per_gpu == 8  # follows critic.ppo_micro_batch_size_per_gpu
+    assert cfg.trainer.default_local_dir == "checkpoints/rlflow/exp"
+    # An explicit value breaks the link.
+    assert load_config(["critic.model.path=/x"]).critic.model.path == "/x"
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("trainer.nnode=2", "trainer.nnode"),  # typo'd key
+        ("critic.optim.lrr=1.0", "critic.optim.lrr"),
+        ("trainer.nnodes=abc", "trainer.nnodes"),  # wrong type
+        (f"{ACTOR}.use_dynamic_bsz=maybe", f"{ACTOR}.use_dynamic_bsz"),
+    ],
+)
+def test_bad_override_fails_at_composition(override: str, key: str):
+    with pytest.raises(ConfigCompositionException, match=re.escape(key)):
+        load_config([override])
+
+
+def test_load_config_inside_a_hydra_app_keeps_the_app_hydra():
+    with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
+        app_hydra = GlobalHydra.instance().hydra
+        cfg = load_config(["data.train_batch_size=8"])
+        assert GlobalHydra.instance().hydra is app_hydra
+    assert cfg.data.train_batch_size == 8
+
+
+# --------------------------------------------------------------------------- critic config file
+
+
+def test_critic_config_file_overrides_the_critic_group(tmp_path: Path):
+    path = tmp_path / "critic.yaml"
+    path.write_text("world_size: 1\nulysses_sequence_parallel_size: 1\noptim:\n  lr: 2.0e-4\n")
+    cfg = load_config([f"critic.config_path={path}", "critic.optim.lr=0.5", "critic.grad_clip=0.25"])
+    assert cfg.critic.world_size == 1
+    assert cfg.critic.optim.lr == pytest.approx(2.0e-4, abs=0)  # the file wins over the command line
+    assert cfg.critic.grad_clip == pytest.approx(0.25, abs=0)  # untouched by the file
+    assert cfg.critic.optim.warmup_style == "constant"  # a nested merge, not a replacement
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1.0e-3, abs=0)
+    assert apply_critic_config_file(cfg) == cfg  # idempotent
+
+
+def test_example_critic_file_gives_a_different_layout():
+    cfg = load_config(["critic.config_path=examples/critic_sp2.yaml"])
+    assert cfg.critic.ulysses_sequence_parallel_size == 2
+    assert cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size == 1
+    assert cfg.critic.use_dynamic_bsz is True and cfg.actor_rollout_ref.actor.use_dynamic_bsz is False
+    assert cfg.critic.forward_max_token_len_per_gpu == 256  # interpolation follows the file's value
+
+
+def test_critic_config_file_relative_to_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    (tmp_path / "mine.yaml").write_text("cliprange_value: 0.2\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(["critic.config_path=mine.yaml"])
+    assert cfg.critic.cliprange_value == pytest.approx(0.2, abs=0)
+    assert cfg.critic.config_path == str(tmp_path / "mine.yaml")
+
+
+@pytest.mark.parametrize(
+    ("content", "pattern"),
+    [
+        ("ulysses_sequence_paralel_size: 2\n", "unknown key 'critic.ulysses_sequence_paralel_size'"),
+        ("optim:\n  lrr: 1.0\n", "unknown key 'critic.optim.lrr'"),
+        ("ppo_epochs: many\n", "bad value for 'critic.ppo_epochs'"),
+        ("- 1\n- 2\n", "must hold a mapping"),
+        ("config_path: other.yaml\n", "sets critic.config_path itself"),
+    ],
+)
+def test_critic_config_file_errors_name_file_and_key(tmp_path: Path, content: str, pattern: str):
+    path = tmp_path / "bad_critic.yaml"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=re.escape(pattern)) as info:
+        load_config([f"critic.config_path={path}"])
+    assert str(path) in str(info.value) and "critic.config_path" in str(info.value)
+
+
+def test_missing_critic_config_file(tmp_path: Path):
+    with pytest.raises(ValueError, match=r"critic\.config_path='nope\.yaml': no such file"):
+        load_config(["critic.config_path=nope.yaml"])
+
+
+# --------------------------------------------------------------------------- validation
+
+D = ACTOR  # short alias in the table below
+C = "critic"
+
+BAD_CONFIGS = [
+    # keys appended with '+' that no code reads
+    (["+trainer.foo=1"], {}, "trainer.foo is not a config key (appended with '+'?)"),
+    (["+critic.optim.bar=[1]"], {}, "critic.optim.bar is not a config key"),
+    # world size and critic world size
+    (["trainer.n_gpus_per_node=0"], {}, "trainer.n_gpus_per_node=0 must be >= 1"),
+    (["trainer.nnodes=0"], {}, "trainer.nnodes=0 must be >= 1"),
+    (["critic.world_size=3"], {}, "critic.world_size=3 must be <= the actor world size 2"),
+    (["critic.world_size=0"], {}, "critic.world_size=0 must be >= 1"),
+    # batch divisibility, actor
+    (["data.train_batch_size=15"], {}, "data.train_batch_size=15 × actor_rollout_ref.rollout.n=1 = 15"),
+    ([f"{D}.ppo_mini_batch_size=32"], {}, f"{D}.ppo_mini_batch_size=32 must be <= data.train_batch_size=16"),
+    (
+        [f"{D}.ppo_mini_batch_size=6"],
+        {},
+        f"{D}.ppo_mini_batch_size=6 must be <= data.train_batch_size=16 and",
+    ),
+    ([f"{D}.ppo_mini_batch_size=1"], {}, f"{D}.ppo_mini_batch_size=1 × {ROLLOUT}.n=1 = 1 responses"),
+    ([f"{D}.ppo_micro_batch_size_per_gpu=3"], {}, f"{D}.ppo_micro_batch_size_per_gpu=3 must divide the 8"),
+    (
+        [f"{D}.use_dynamic_bsz=true", f"{D}.ppo_max_token_len_per_gpu=16"],
+        {},
+        f"{D}.ppo_max_token_len_per_gpu=16 (× ulysses size 1) must be >= the longest sequence",
+    ),
+    # batch divisibility, critic (dp 4 while the actor has dp 2)
+    (
+        [
+            "trainer.n_gpus_per_node=4",
+            f"{D}.ulysses_sequence_parallel_size=2",
+            "data.train_batch_size=2",
+            f"{D}.ppo_mini_batch_size=2",
+            f"{D}.ppo_micro_batch_size_per_gpu=1",
+        ],
+        {},
+        "data.train_batch_size=2 × actor_rollout_ref.rollout.n=1 = 2 responses must be divisible by the "
+        "data-parallel size 4 of critic",
+    ),
+    ([f"{C}.ppo_micro_batch_size_per_gpu=3"], {}, f"{C}.ppo_micro_batch_size_per_gpu=3 must divide the 8"),
+    ([f"{C}.ppo_mini_batch_size=1"], {}, f"{C}.ppo_mini_batch_size=1 × {ROLLOUT}.n=1"),
+    # Ulysses sizes, fsdp sizes
+    (
+        [f"{D}.ulysses_sequence_parallel_size=3"],
+        {},
+        f"{D}.ulysses_sequence_parallel_size=3 must divide the world",
+    ),
+    ([f"{D}.ulysses_sequence_parallel_size=2"], {"num_attention_heads": 3}, "num_attention_heads=3"),
+    (
+        [f"{D}.ulysses_sequence_parallel_size=2"],
+        {"num_key_value_heads": 3},
+        f"{D}.ulysses_sequence_parallel_size=2 must divide the model's num_key_value_heads=3",
+    ),
+    ([f"{C}.ulysses_sequence_parallel_size=3"], {}, f"{C}.ulysses_sequence_parallel_size=3 must divide"),
+    ([f"{C}.ulysses_sequence_parallel_size=2"], {"num_attention_heads": 5}, f"{C}.ulysses_sequence_parallel"),
+    ([f"{D}.fsdp_config.fsdp_size=3"], {}, f"{D}.fsdp_config.fsdp_size=3 must divide the world size 2"),
+    (
+        [f"{D}.fsdp_config.mixed_precision.param_dtype=fp8"],
+        {},
+        f"{D}.fsdp_config.mixed_precision.param_dtype",
+    ),
+    # known names
+    ([f"{D}.loss_agg_mode=token-sum"], {}, f"{D}.loss_agg_mode='token-sum' is not one of"),
+    ([f"{C}.loss_agg_mode=token-sum"], {}, f"{C}.loss_agg_mode='token-sum'"),
+    (["algorithm.adv_estimator=ppo"], {}, "algorithm.adv_estimator='ppo' is not one of"),
+    (["algorithm.kl_penalty=kl2"], {}, "algorithm.kl_penalty='kl2' is not a KL estimator"),
+    ([f"{D}.use_kl_loss=true", f"{D}.kl_loss_type=full"], {}, f"{D}.kl_loss_type='full'"),
+    (["algorithm.kl_ctrl.type=pid"], {}, "algorithm.kl_ctrl.type='pid'"),
+    (
+        ["algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.target_kl=0"],
+        {},
+        "algorithm.kl_ctrl.target_kl=0",
+    ),
+    ([f"{D}.optim.warmup_style=linear"], {}, f"{D}.optim.warmup_style='linear'"),
+    ([f"{C}.optim.warmup_style=linear"], {}, f"{C}.optim.warmup_style='linear'"),
+    ([f"{D}.strategy=ddp"], {}, f"{D}.strategy='ddp' is not one of ['fsdp', 'fsdp2']"),
+    ([f"{C}.strategy=ddp"], {}, f"{C}.strategy='ddp'"),
+    ([f"{D}.policy_loss.loss_mode=magic"], {}, f"{D}.policy_loss.loss_mode='magic'"),
+    ([f"{ROLLOUT}.name=sglang"], {}, f"{ROLLOUT}.name='sglang' is not one of"),
+    (["data.truncation=middle"], {}, "data.truncation='middle'"),
+    (["data.task=chess"], {}, "data.task='chess'"),
+    (["trainer.resume_mode=latest"], {}, "trainer.resume_mode='latest'"),
+    (["trainer.logger=[console,mlflow]"], {}, "trainer.logger[1]='mlflow'"),
+    (
+        ["actor_rollout_ref.model.attn_implementation=flash"],
+        {},
+        "actor_rollout_ref.model.attn_implementation",
+    ),
+    # the critic: needed iff gae
+    (["critic.enable=false"], {}, "critic.enable=false but algorithm.adv_estimator=gae needs a critic"),
+    (
+        ["algorithm.adv_estimator=grpo", "trainer.critic_warmup=2"],
+        {},
+        "trainer.critic_warmup=2 needs a critic",
+    ),
+    # numbers
+    (["trainer.critic_warmup=-1"], {}, "trainer.critic_warmup=-1 must be >= 0"),
+    (["trainer.total_training_steps=0"], {}, "trainer.total_training_steps=0 must be >= 1"),
+    (["trainer.total_epochs=0"], {}, "trainer.total_epochs=0 must be >= 1"),
+    (["trainer.save_freq=0"], {}, "trainer.save_freq=0 must be -1 (never) or >= 1"),
+    ([f"{D}.optim.lr=0"], {}, f"{D}.optim.lr=0.0 must be > 0"),
+    ([f"{C}.optim.lr=-1e-4"], {}, f"{C}.optim.lr=-0.0001 must be > 0"),
+    ([f"{D}.optim.betas=[0.9,1.0]"], {}, f"{D}.optim.betas[1]=1.0 must be in [0.0, 1.0)"),
+    ([f"{D}.clip_ratio=0"], {}, f"{D}.clip_ratio=0.0 must be > 0"),
+    ([f"{D}.clip_ratio_low=1.5"], {}, f"{D}.clip_ratio_low=1.5 must be < 1"),
+    ([f"{D}.clip_ratio_high=-0.1"], {}, f"{D}.clip_ratio_high=-0.1 must be > 0"),
+    ([f"{D}.clip_ratio_c=1.0"], {}, f"{D}.clip_ratio_c=1.0 must be > 1"),
+    ([f"{C}.cliprange_value=0"], {}, f"{C}.cliprange_value=0.0 must be > 0"),
+    (
+        [f"{ROLLOUT}.temperature=0"],
+        {},
+        f"{ROLLOUT}.temperature=0.0 must be > 0 when {ROLLOUT}.do_sample=true",
+    ),
+    ([f"{ROLLOUT}.val_kwargs.do_sample=true"], {}, f"{ROLLOUT}.val_kwargs.temperature=0.0 must be > 0"),
+    ([f"{ROLLOUT}.top_p=0"], {}, f"{ROLLOUT}.top_p=0.0 must be in (0, 1]"),
+    ([f"{ROLLOUT}.n=0"], {}, f"{ROLLOUT}.n=0 must be >= 1"),
+    ([f"{ROLLOUT}.prompt_length=16"], {}, f"{ROLLOUT}.prompt_length=16 must be >= data.max_prompt_length=32"),
+    (["algorithm.gamma=1.5"], {}, "algorithm.gamma=1.5 must be in [0.0, 1.0]"),
+    (["reward_model.enable=true"], {}, "reward_model.model.path must be set"),
+    # files and user code
+    (["data.train_files={missing}"], {}, "data.train_files: no such file '{missing}'"),
+    (["data.val_files=[{train},{missing}]"], {}, "data.val_files[1]: no such file '{missing}'"),
+    (["actor_rollout_ref.model.path={missing}"], {}, "actor_rollout_ref.model.path='{missing}'"),
+    (["critic.model.path={missing}"], {}, "critic.model.path='{missing}'"),
+    (["trainer.resume_mode=resume_path"], {}, "trainer.resume_from_path must be set"),
+    (
+        ["trainer.resume_mode=resume_path", "trainer.resume_from_path={missing}"],
+        {},
+        "trainer.resume_from_path='{missing}': no such directory",
+    ),
+    (["custom_reward_function.path={missing}"], {}, "custom_reward_function"),
+    (
+        ["custom_reward_function.path={reward}", "custom_reward_function.name=nope"],
+        {},
+        "custom_reward_function",
+    ),
+    (
+        ["custom_reward_function.path={reward}", "custom_reward_function.name=NOT_CALLABLE"],
+        {},
+        "not callable",
+    ),
+    (
+        ["algorithm.custom_advantage_function.path={advantage}"],
+        {},
+        "algorithm.custom_advantage_function.path and algorithm.custom_advantage_function.name must be set",
+    ),
+    (["algorithm.custom_advantage_function.name=f"], {}, "must be set together"),
+    (
+        ["algorithm.custom_advantage_function.path={missing}", "algorithm.custom_advantage_function.name=f"],
+        {},
+        "algorithm.custom_advantage_function.path",
+    ),
+    (
+        [
+            "algorithm.custom_advantage_function.path={advantage}",
+            "algorithm.custom_advantage_function.name=f",
+        ],
+        {},
+        "algorithm.custom_advantage_function.name",
+    ),
+]
+
+
+@pytest.mark.parametrize(("overrides", "heads", "message"), BAD_CONFIGS, ids=lambda v: None)
+def test_validation_error_names_the_key(user_files, overrides, heads, message):
+    cfg = load_config([o.format(**user_files) for o in overrides])
+    with pytest.raises(ValueError, match=re.escape(message.format(**user_files))):
+        validate_config(cfg, **{**HEADS, **heads})
+
+
+GOOD_CONFIGS = [
+    [f"{D}.use_dynamic_bsz=true", f"{D}.ppo_micro_batch_size_per_gpu=3"],  # micro size unused
+    [f"{ROLLOUT}.temperature=0", f"{ROLLOUT}.do_sample=false"],
+    ["trainer.total_training_steps=null", "critic.world_size=1"],
+    ["algorithm.adv_estimator=grpo", f"{ROLLOUT}.n=4", f"{C}.ppo_micro_batch_size_per_gpu=3"],  # no critic
+    [f"{D}.ulysses_sequence_parallel_size=2", f"{D}.ppo_micro_batch_size_per_gpu=16"],  # dp 1: 16 per rank
+    # critic SP 4 > 2 kv heads: each kv head is repeated
+    [
+        "trainer.n_gpus_per_node=4",
+        f"{D}.ppo_micro_batch_size_per_gpu=4",
+        f"{C}.ulysses_sequence_parallel_size=4",
+    ],
+    [
+        "data.train_files={train}",
+        "data.val_files=[{train}]",
+        "trainer.resume_mode=resume_path",
+        "trainer.resume_from_path={ckpt}",
+    ],
+    ["custom_reward_function.path={reward}"],
+    [
+        "algorithm.custom_advantage_function.path={advantage}",
+        "algorithm.custom_advantage_function.name=my_advantage",
+    ],
+    ["actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B"],  # a hub id is not checked on disk
+    [f"{D}.use_kl_loss=true", f"{D}.kl_loss_type=k3+", "algorithm.kl_penalty=low_var_kl"],
+]
+
+
+@pytest.mark.parametrize("overrides", GOOD_CONFIGS, ids=lambda v: None)
+def test_valid_configs_pass(user_files, overrides):
+    validate_config(load_config([o.format(**user_files) for o in overrides]), **HEADS)
+
+
+def test_registered_estimator_names_are_accepted(monkeypatch: pytest.MonkeyPatch):
+    core_algos = pytest.importorskip("rlflow.trainer.ppo.core_algos")
+    cfg = load_config(["algorithm.adv_estimator=my_est"])
+    with pytest.raises(ValueError, match=re.escape("algorithm.adv_estimator='my_est'")):
+        validate_config(cfg)
+    monkeypatch.setitem(core_algos.ADV_ESTIMATOR_REGISTRY, "my_est", lambda **kw: None)
+    validate_config(cfg)
+
+
+def test_cuda_device_needs_local_gpus(monkeypatch: pytest.MonkeyPatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=re.escape("trainer.device=cuda with trainer.n_gpus_per_node=2")):
+        validate_config(load_config(["trainer.device=cuda"]))
+    validate_config(load_config(["trainer.device=cuda", "ray_init.address=auto"]))  # a remote cluster
+
+
+def test_validate_accepts_a_dataclass_and_raises_no_assert():
+    validate_config(PPOTrainerConfig(), **HEADS)
+    bad = PPOTrainerConfig()
+    bad.trainer.critic_warmup = -3
+    with pytest.raises(ValueError, match=re.escape("trainer.critic_warmup=-3")):
+        validate_config(bad)
+
+
+def test_remax_is_refused_until_the_trainer_generates_baselines():
+    cfg = load_config(["algorithm.adv_estimator=remax"])
+    with pytest.raises(ValueError, match=r"^algorithm\.adv_estimator=remax needs a greedy baseline"):
+        validate_config(cfg, num_attention_heads=4, num_key_value_heads=2)
+
+
+def test_verl_key_aliases_are_rewritten(tmp_path):
+    from rlflow.config.aliases import rewrite_critic_file_keys, rewrite_overrides
+
+    assert rewrite_overrides(
+        [
+            "critic.model.fsdp_config.param_offload=true",
+            "+critic.model.fsdp_config.fsdp_size=2",
+            "critic.model.path=x",  # not an alias: the critic's model keys stay
+            "--cfg",
+            "job",
+        ]
+    ) == [
+        "critic.fsdp_config.param_offload=true",
+        "+critic.fsdp_config.fsdp_size=2",
+        "critic.model.path=x",
+        "--cfg",
+        "job",
+    ]
+    cfg = load_config(["critic.model.fsdp_config.optimizer_offload=true"])
+    assert cfg.critic.fsdp_config.optimizer_offload is True
+    assert rewrite_critic_file_keys(
+        {"model": {"fsdp_config": {"param_offload": True}, "path": "p"}, "world_size": 1}
+    ) == {
+        "model": {"path": "p"},
+        "fsdp_config": {"param_offload": True},
+        "world_size": 1,
+    }
+    path = tmp_path / "critic.yaml"
+    path.write_text("model:\n  fsdp_config:\n    param_offload: true\n")
+    assert load_config([f"critic.config_path={path}"]).critic.fsdp_config.param_offload is True

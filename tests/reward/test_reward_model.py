@@ -1,0 +1,34 @@
+"""Sequence-classification reward model: score on the last valid response token."""
+
+from __future__ import annotations
+
+import torch
+
+from rlflow.models import loader, tiny
+from rlflow.reward.reward_model import compute_rm_score, last_valid_index, place_on_last_token
+
+
+def test_place_on_last_token():
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    assert last_valid_index(mask).tolist() == [1, 2, 0]
+    out = place_on_last_token(torch.tensor([0.5, -1.0, 2.0]), mask)
+    assert torch.equal(out, torch.tensor([[0.0, 0.5, 0.0], [0.0, 0.0, -1.0], [2.0, 0.0, 0.0]]))
+
+
+def test_compute_rm_score_matches_transformers_pooling(tmp_path):
+    config = tiny.TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+    path = tiny.save_tiny_model(tmp_path, config, seed=0)
+    rm = loader.load_reward_model(path, allow_random_head=True, seed=0, attn_implementation="eager")
+    prompts = torch.tensor([[0, 0, 1, 100], [1, 101, 102, 103]])
+    responses = torch.tensor([[104, 105, 2, 0], [106, 2, 0, 0]])
+    ids = torch.cat([prompts, responses], dim=-1)
+    mask = (ids != 0).long()
+    pos = torch.clamp(mask.cumsum(-1) - 1, min=0)
+    got = compute_rm_score(rm, ids, mask, pos, response_length=4)
+    with torch.no_grad():
+        # transformers pools at the rightmost non-pad token (pad id 0 here): the same token
+        ref = rm(input_ids=ids, attention_mask=mask, position_ids=pos).logits.squeeze(-1)
+    assert got.shape == (2, 4)
+    torch.testing.assert_close(got[0, 2], ref[0], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(got[1, 1], ref[1], rtol=1e-6, atol=1e-7)
+    assert got[0, [0, 1, 3]].abs().sum() == 0 and got[1, [0, 2, 3]].abs().sum() == 0

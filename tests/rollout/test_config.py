@@ -1,0 +1,141 @@
+"""Rollout config, per-call sampling resolution, engine selection and the vLLM install error."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from rlflow.rollout import get_rollout_class
+from rlflow.rollout.base import (
+    RolloutConfig,
+    ValKwargs,
+    build_rollout_output,
+    resolve_sampling_params,
+)
+from rlflow.rollout.hf import HFRollout
+
+from ._tiny import make_prompts, tiny_model
+
+
+def test_from_dict_defaults_and_nested_val_kwargs():
+    cfg = RolloutConfig.from_dict({"temperature": 0.7, "n": 4, "val_kwargs": {"n": 2, "do_sample": True}})
+    assert cfg.temperature == 0.7 and cfg.n == 4 and cfg.top_k == -1 and cfg.name == "hf"
+    assert cfg.val_kwargs == ValKwargs(temperature=0.0, top_p=1.0, top_k=-1, do_sample=True, n=2)
+    omega = RolloutConfig.from_dict(OmegaConf.create({"top_p": 0.9, "val_kwargs": {"top_k": 5}}))
+    assert omega.top_p == 0.9 and omega.val_kwargs.top_k == 5
+    assert RolloutConfig.from_dict(None) == RolloutConfig()
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"tempreature": 1.0}, "actor_rollout_ref.rollout.tempreature"),
+        ({"val_kwargs": {"topp": 1.0}}, "actor_rollout_ref.rollout.val_kwargs.topp"),
+        ({"top_p": 0.0}, "actor_rollout_ref.rollout.top_p"),
+        ({"top_k": -2}, "actor_rollout_ref.rollout.top_k"),
+        ({"n": 0}, "actor_rollout_ref.rollout.n"),
+        ({"temperature": -0.1}, "actor_rollout_ref.rollout.temperature"),
+        ({"response_length": 0}, "actor_rollout_ref.rollout.response_length"),
+        ({"micro_batch_size": 0}, "actor_rollout_ref.rollout.micro_batch_size"),
+        ({"do_sample": 1}, "actor_rollout_ref.rollout.do_sample"),
+        ({"calculate_log_probs": "yes"}, "actor_rollout_ref.rollout.calculate_log_probs"),
+        ({"val_kwargs": {"n": 0}}, "actor_rollout_ref.rollout.val_kwargs.n"),
+    ],
+)
+def test_bad_config_names_the_key(values, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        RolloutConfig.from_dict(values)
+
+
+def test_resolve_sampling_params_precedence():
+    cfg = RolloutConfig.from_dict({"temperature": 0.9, "top_k": 20, "n": 4, "response_length": 16})
+    train = resolve_sampling_params(cfg, {})
+    assert (train.temperature, train.top_k, train.n, train.do_sample, train.greedy) == (
+        0.9,
+        20,
+        4,
+        True,
+        False,
+    )
+    val = resolve_sampling_params(cfg, {"validate": True})
+    assert (val.temperature, val.top_k, val.n, val.do_sample, val.greedy) == (0.0, -1, 1, False, True)
+    assert val.response_length == 16 and val.logprob_temperature == 1.0
+    over = resolve_sampling_params(cfg, {"validate": True, "n": 3, "temperature": 0.5, "response_length": 8})
+    assert (over.n, over.temperature, over.response_length, over.do_sample) == (3, 0.5, 8, False)
+    with pytest.raises(ValueError, match=r"meta_info\.top_p"):
+        resolve_sampling_params(cfg, {"top_p": 1.5})
+
+
+def test_get_rollout_class():
+    assert get_rollout_class("hf") is HFRollout
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.name='sglang'"):
+        get_rollout_class("sglang")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
+def test_vllm_missing_gives_install_command():
+    cls = get_rollout_class("vllm")  # importing the module works without vLLM
+    with pytest.raises(ImportError, match=r"pip install rlflow\[vllm\]"):
+        cls(torch.nn.Linear(2, 2), RolloutConfig(name="vllm"))
+
+
+def test_build_rollout_output_hand_checked():
+    prompts = make_prompts(
+        [[7, 8], [7, 8, 9, 10], [11, 12, 13]], width=4, non_tensors={"uid": ["a", "b", "c"]}
+    )
+    responses = torch.tensor([[5, 2, 7, 2], [5, 6, 7, 8], [2, 0, 0, 0]])
+    log_probs = -torch.arange(1.0, 13.0).reshape(3, 4)
+    out = build_rollout_output(prompts, responses, [2], log_probs)
+    assert out.batch["response_mask"].tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+    assert out.batch["attention_mask"].tolist() == [
+        [0, 0, 1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1, 1, 1, 1],
+        [0, 1, 1, 1, 1, 0, 0, 0],
+    ]
+    assert out.batch["position_ids"].tolist() == [
+        [0, 0, 0, 1, 2, 3, 4, 5],
+        [0, 1, 2, 3, 4, 5, 6, 7],
+        [0, 0, 1, 2, 3, 4, 5, 6],
+    ]
+    assert out.batch["input_ids"].tolist()[1] == [7, 8, 9, 10, 5, 6, 7, 8]
+    assert out.batch["rollout_log_probs"].tolist() == [
+        [-1.0, -2.0, 0.0, 0.0],
+        [-5.0, -6.0, -7.0, -8.0],
+        [-9.0, 0.0, 0.0, 0.0],
+    ]
+    assert list(out.non_tensor_batch["uid"]) == ["a", "b", "c"]
+    # several EOS ids: whichever comes first ends the response
+    multi = build_rollout_output(prompts, responses, [6, 7])
+    assert multi.batch["response_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]]
+
+
+def test_bad_prompts_raise():
+    rollout = HFRollout(tiny_model(), {"response_length": 2, "prompt_length": 4})
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.prompt_length=4"):
+        rollout.generate_sequences(make_prompts([[5] * 6], width=6, meta_info={"eos_token_id": 2}))
+    with pytest.raises(ValueError, match="eos_token_id"):
+        HFRollout(torch.nn.Linear(2, 2), {}).generate_sequences(make_prompts([[5]], width=2))
+    with pytest.raises(ValueError, match="all-zero attention_mask"):
+        rollout.generate_sequences(make_prompts([[5, 6], []], width=3, meta_info={"eos_token_id": 2}))
+
+
+def test_vllm_sampling_kwargs_mapping():
+    from rlflow.rollout.vllm import to_vllm_sampling_kwargs
+
+    cfg = RolloutConfig.from_dict({"temperature": 0.7, "top_k": 0, "top_p": 0.9, "response_length": 32})
+    kw = to_vllm_sampling_kwargs(resolve_sampling_params(cfg, {}), seed=123, calculate_log_probs=True)
+    assert kw == {
+        "n": 1,
+        "max_tokens": 32,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": -1,
+        "seed": 123,
+        "detokenize": False,
+        "logprobs": 0,
+    }
+    greedy = to_vllm_sampling_kwargs(resolve_sampling_params(cfg, {"validate": True}), 0, False)
+    assert greedy["temperature"] == 0.0 and "logprobs" not in greedy
