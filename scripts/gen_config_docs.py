@@ -9,10 +9,9 @@ overrides):
 * type: the annotation of the field in `rlflow.config.schema` (the dataclass tree under
   `PPOTrainerConfig`);
 * default: the value in the composed config, unresolved (``${a.b}`` = follows key ``a.b``);
-* meaning: the field's entry in the ``Attributes:`` docstring section of its schema dataclass (or of the
-  class that reads that section, `OWNER_CLASSES`), the key's end-of-line comment in ``ppo_trainer.yaml``
-  when it adds something, and a note from `CLASS_NOTES` / `KEY_NOTES` below (keys the other sources do
-  not describe, and keys that are accepted but not read).
+* meaning: the field's entry in the ``Attributes:`` docstring section of its schema dataclass, the key's
+  end-of-line comment in ``ppo_trainer.yaml`` when it adds something, and a note from `CLASS_NOTES` /
+  `KEY_NOTES` below (keys the other sources do not describe).
 
 The section text comes from each dataclass's docstring summary. `tests/test_docs.py` checks that the
 committed page equals this script's output and names every key.
@@ -66,22 +65,19 @@ _OPTIM_NOTES = {
 _FSDP_NOTES = {
     "param_offload": "keep sharded parameters, gradients and optimizer state on CPU (GPU runs; a logged "
     "no-op on CPU)",
-    "optimizer_offload": "accepted for verl compatibility but not read (param_offload already keeps the "
-    "optimizer state on CPU)",
-    "reshard_after_forward": "note: the trainer's role builder (rlflow/workers/role_setup.py) does not pass "
-    "this key to apply_fsdp yet, so the default (true) applies",
+    "optimizer_offload": "keep the optimizer state on CPU between updates (GPU runs; a logged no-op on CPU)",
+    "reshard_after_forward": "free the gathered weights after each forward (ZeRO-3) or keep them (ZeRO-2)",
 }
 CLASS_NOTES: dict[str, dict[str, str]] = {
     "DataConfig": {
-        "tokenizer": "not read yet: the tokenizer always comes from actor_rollout_ref.model.path",
+        "tokenizer": "tokenizer directory; null = actor_rollout_ref.model.tokenizer_path, else the model's",
         "reward_fn_key": "non-tensor column naming each sample's data source; the reward manager picks the "
         "scorer by it",
         "max_response_length": "maximum generated tokens per response (actor_rollout_ref.rollout."
         "response_length follows it)",
         "shuffle": "shuffle the training prompts each epoch (resumable sampler, rlflow/data/sampler.py)",
         "seed": "seed of the training-prompt shuffle",
-        "dataloader_num_workers": "accepted for verl compatibility (checked >= 0) but not read: the data "
-        "loaders run in the driver process",
+        "dataloader_num_workers": "worker processes of the driver's data loaders (0: load in the driver)",
     },
     "ModelConfig": _MODEL_NOTES,
     "CriticModelConfig": {
@@ -128,12 +124,9 @@ CLASS_NOTES: dict[str, dict[str, str]] = {
     "RewardModelConfig": {
         "enable": "score with a sequence-classification reward model (RewardModelWorker); its scores are "
         "passed to the reward function as rm_scores",
-        "micro_batch_size_per_gpu": "checked >= 1 but not read: the reward model scores a rank's whole "
-        "shard in one forward",
-        "reward_manager": "accepted for verl compatibility but not read: the trainer always uses "
-        "NaiveRewardManager (rlflow/reward/naive.py)",
-        "launch_reward_fn_async": "accepted for verl compatibility but not read: rewards are computed in the "
-        "driver, in step",
+        "micro_batch_size_per_gpu": "responses per reward-model forward on one rank",
+        "reward_manager": "only naive (rlflow/reward/naive.py); validation refuses other names",
+        "launch_reward_fn_async": "only false; validation refuses true (use num_workers for a process pool)",
         "timeout_score": "score of a sample whose scoring timed out (num_workers > 0 and timeout_s set)",
     },
     "RewardModelPathConfig": {
@@ -342,9 +335,6 @@ def walk(cls: type, node: Any, path: str, comments: dict[str, str], sections: li
     """Add the section of dataclass ``cls`` at key ``path`` (and its nested sections) to ``sections``."""
     hints = typing.get_type_hints(cls)
     summary, attrs = docstring_attributes(cls)
-    owner_attrs = (
-        docstring_attributes(OWNER_CLASSES[cls.__name__])[1] if cls.__name__ in OWNER_CLASSES else {}
-    )
     notes = CLASS_NOTES.get(cls.__name__, {})
     section = Section(path, summary, [])
     sections.append(section)
@@ -359,26 +349,11 @@ def walk(cls: type, node: Any, path: str, comments: dict[str, str], sections: li
         if dataclasses.is_dataclass(tp):
             nested.append((tp, node[f.name], key))
             continue
-        doc = attrs.get(f.name) or owner_attrs.get(f.name)
+        doc = attrs.get(f.name)
         meaning = _meaning(doc, comments.get(key), notes.get(f.name) or KEY_NOTES.get(key))
         section.rows.append(Row(key, type_name(tp), _default_text(node[f.name]), meaning))
     for sub_cls, sub_node, key in nested:
         walk(sub_cls, sub_node, key, comments, sections)
-
-
-def _owner_classes() -> dict[str, type]:
-    """Schema class name → the class of the code that reads that section (a second docstring source)."""
-    from rlflow.data.rl_dataset import RLHFDatasetConfig
-    from rlflow.rollout.base import RolloutConfig, ValKwargs
-
-    return {
-        "DataConfig": RLHFDatasetConfig,
-        "RolloutSection": RolloutConfig,
-        "ValKwargsSection": ValKwargs,
-    }
-
-
-OWNER_CLASSES = _owner_classes()
 
 
 def _cell(text: str) -> str:

@@ -19,6 +19,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
+from rlflow.config import config_section
+from rlflow.config.schema import OptimConfig
 from rlflow.engine.optim import build_optimizer
 from rlflow.model_merger import main, merge_checkpoint, resolve_base_model_path
 from rlflow.models.tiny import TinyModelConfig, build_tiny_tokenizer, save_tiny_model
@@ -26,10 +28,10 @@ from rlflow.parallel.checkpoint import save_checkpoint
 from rlflow.parallel.dims import ParallelDims
 from rlflow.parallel.distributed import spawn_workers
 from rlflow.parallel.sharded import get_full_state_dict
-from rlflow.workers.role_setup import RoleParallel, build_role_module
+from rlflow.workers.role_setup import RoleLayout, RoleParallel, build_role_module
 
 CFG = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, max_position_embeddings=64)
-OPTIM = {"lr": 1e-2, "weight_decay": 0.0, "lr_scheduler_type": "constant"}
+OPTIM = OptimConfig(lr=1e-2, weight_decay=0.0, lr_scheduler_type="constant")
 KINDS = {"actor": "causal_lm", "critic": "value"}
 TEXT = "repeat b x3"
 
@@ -51,8 +53,9 @@ def _perturb_(model: torch.nn.Module, rank: int) -> None:
 def _save_role(rank: int, root: str, base: str, role: str) -> dict:
     dims = ParallelDims(world_size=2).build_meshes("cpu")
     parallel = RoleParallel(dims, None, None, None)
-    model_cfg = {"path": base, "use_remove_padding": False, "attn_implementation": "sdpa"}
-    model = build_role_module(KINDS[role], model_cfg, {"strategy": "fsdp2"}, parallel, seed=3)
+    model_cfg = config_section("actor_rollout_ref.model", path=base, use_remove_padding=False)
+    layout = RoleLayout(role, model_cfg, "fsdp2", 1, config_section("critic.fsdp_config"))
+    model = build_role_module(KINDS[role], layout, parallel, seed=3)
     optimizer = build_optimizer(model.parameters(), OPTIM)
     model(input_ids=_input_ids(), use_cache=False).logits.float().pow(2).mean().backward()
     optimizer.step()

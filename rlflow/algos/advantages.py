@@ -17,20 +17,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlflow.algos.common import _cfg, _check_shapes
-from rlflow.utils.torch_functional import masked_sum, masked_whiten
+from rlflow.algos.common import check_shapes
+from rlflow.protocol import DataProto
+from rlflow.utils.torch_functional import masked_mean, masked_sum, masked_whiten
 
 __all__ = [
     "ADV_ESTIMATOR_INFO",
     "ADV_ESTIMATOR_REGISTRY",
     "AdvantageEstimator",
     "EstimatorInfo",
+    "advantage_metrics",
+    "compute_advantage",
     "compute_gae_advantage_return",
+    "compute_gae_raw_advantage_return",
     "compute_grpo_outcome_advantage",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
     "compute_remax_outcome_advantage",
     "compute_rloo_outcome_advantage",
+    "estimator_needs_critic",
     "get_adv_estimator_fn",
     "get_estimator_info",
     "register_adv_est",
@@ -67,10 +72,16 @@ class EstimatorInfo:
     Attributes:
         needs_critic: receives ``values: (bs, response_len)`` from the critic.
         needs_baselines: receives ``reward_baselines: (bs,)`` (the reward of a greedy response, ReMax).
+        per_sample: optional ``fn(token_level_rewards, values, response_mask, gamma, lam) -> (raw
+            advantages, returns)`` whose rows depend only on themselves, such that the estimator equals
+            it followed by whitening the advantages over the batch's valid tokens. The critic group then
+            computes advantages on its shards with an all-reduce of the whitening statistics instead of
+            gathering the batch (GAE).
     """
 
     needs_critic: bool = False
     needs_baselines: bool = False
+    per_sample: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 ADV_ESTIMATOR_INFO: dict[str, EstimatorInfo] = {}
@@ -85,6 +96,7 @@ def register_adv_est(
     *,
     needs_critic: bool | None = None,
     needs_baselines: bool | None = None,
+    per_sample: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> Callable:
     """Decorator registering an advantage estimator under ``name_or_enum``.
 
@@ -93,6 +105,7 @@ def register_adv_est(
         needs_critic: the estimator uses critic values (see `EstimatorInfo`); None = False for a new
             registration, unchanged when the same function is registered again.
         needs_baselines: the estimator uses greedy-response reward baselines (None as above).
+        per_sample: its per-sample form (see `EstimatorInfo`); None keeps the registered one.
 
     Returns:
         The decorator; it raises ValueError if the name is already taken by another function.
@@ -109,6 +122,7 @@ def register_adv_est(
         ADV_ESTIMATOR_INFO[name] = EstimatorInfo(
             needs_critic=old.needs_critic if needs_critic is None else needs_critic,
             needs_baselines=old.needs_baselines if needs_baselines is None else needs_baselines,
+            per_sample=old.per_sample if per_sample is None else per_sample,
         )
         return fn
 
@@ -151,7 +165,45 @@ def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> Callable:
 # ----------------------------------------------------------------------------------------------------
 
 
-@register_adv_est(AdvantageEstimator.GAE, needs_critic=True)
+def compute_gae_raw_advantage_return(
+    token_level_rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-sample part of GAE: un-whitened advantages and returns (see
+    `compute_gae_advantage_return`). Every row depends only on itself, so any split of the batch gives the
+    same rows; the critic group computes it on its shards and whitens with all-reduced statistics.
+
+    Args:
+        token_level_rewards: ``(bs, response_len)``.
+        values: ``(bs, response_len)``.
+        response_mask: ``(bs, response_len)``.
+        gamma: discount.
+        lam: GAE lambda.
+
+    Returns:
+        ``(raw_advantages, returns)``, both ``(bs, response_len)`` and 0 on masked tokens.
+    """
+    check_shapes(
+        "compute_gae_advantage_return", response_mask, token_level_rewards=token_level_rewards, values=values
+    )
+    with torch.no_grad():
+        valid = response_mask.bool()
+        next_value = torch.zeros_like(values[:, 0])
+        running = torch.zeros_like(values[:, 0])
+        advantages = torch.zeros_like(values)
+        for t in reversed(range(values.shape[-1])):
+            delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
+            running = torch.where(valid[:, t], delta + gamma * lam * running, running)
+            next_value = torch.where(valid[:, t], values[:, t], next_value)
+            advantages[:, t] = running
+        mask = response_mask.to(values.dtype)
+    return advantages * mask, (advantages + values) * mask
+
+
+@register_adv_est(AdvantageEstimator.GAE, needs_critic=True, per_sample=compute_gae_raw_advantage_return)
 def compute_gae_advantage_return(
     token_level_rewards: torch.Tensor,
     values: torch.Tensor,
@@ -180,28 +232,15 @@ def compute_gae_advantage_return(
         ``(advantages, returns)``, both ``(bs, response_len)``; ``returns`` = raw advantages + values;
         advantages are whitened over valid tokens (``masked_whiten``); both are 0 on masked tokens.
     """
-    gamma = _cfg(config, "gamma") if gamma is None else gamma
-    lam = _cfg(config, "lam") if lam is None else lam
+    gamma = config.gamma if gamma is None and config is not None else gamma
+    lam = config.lam if lam is None and config is not None else lam
     if gamma is None or lam is None:
         raise ValueError(
             "compute_gae_advantage_return needs gamma and lam (arguments or algorithm.gamma / .lam)"
         )
-    _check_shapes(
-        "compute_gae_advantage_return", response_mask, token_level_rewards=token_level_rewards, values=values
-    )
+    raw, returns = compute_gae_raw_advantage_return(token_level_rewards, values, response_mask, gamma, lam)
     with torch.no_grad():
-        valid = response_mask.bool()
-        next_value = torch.zeros_like(values[:, 0])
-        running = torch.zeros_like(values[:, 0])
-        advantages = torch.zeros_like(values)
-        for t in reversed(range(values.shape[-1])):
-            delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
-            running = torch.where(valid[:, t], delta + gamma * lam * running, running)
-            next_value = torch.where(valid[:, t], values[:, t], next_value)
-            advantages[:, t] = running
-        mask = response_mask.to(values.dtype)
-        returns = (advantages + values) * mask
-        advantages = masked_whiten(advantages, response_mask) * mask
+        advantages = masked_whiten(raw, response_mask) * response_mask.to(raw.dtype)
     return advantages, returns
 
 
@@ -274,7 +313,7 @@ def compute_grpo_outcome_advantage(
         ``(advantages, returns)``: the same ``(bs, response_len)`` tensor twice, 0 on masked tokens.
     """
     fn_name = "compute_grpo_outcome_advantage"
-    _check_shapes(fn_name, response_mask, token_level_rewards=token_level_rewards)
+    check_shapes(fn_name, response_mask, token_level_rewards=token_level_rewards)
     with torch.no_grad():
         scores = _scores(token_level_rewards, response_mask)
         mean, std, _ = _group_mean_std_size(scores, index, fn_name)
@@ -309,7 +348,7 @@ def compute_rloo_outcome_advantage(
         ``(advantages, returns)``: the same ``(bs, response_len)`` tensor twice, 0 on masked tokens.
     """
     fn_name = "compute_rloo_outcome_advantage"
-    _check_shapes(fn_name, response_mask, token_level_rewards=token_level_rewards)
+    check_shapes(fn_name, response_mask, token_level_rewards=token_level_rewards)
     with torch.no_grad():
         scores = _scores(token_level_rewards, response_mask)
         mean, _, size = _group_mean_std_size(scores, index, fn_name)
@@ -343,10 +382,10 @@ def compute_reinforce_plus_plus_outcome_advantage(
         ``(advantages, returns)``, ``(bs, response_len)``, 0 on masked tokens.
     """
     fn_name = "compute_reinforce_plus_plus_outcome_advantage"
-    gamma = _cfg(config, "gamma") if gamma is None else gamma
+    gamma = config.gamma if gamma is None and config is not None else gamma
     if gamma is None:
         raise ValueError(f"{fn_name} needs gamma (argument or algorithm.gamma)")
-    _check_shapes(fn_name, response_mask, token_level_rewards=token_level_rewards)
+    check_shapes(fn_name, response_mask, token_level_rewards=token_level_rewards)
     with torch.no_grad():
         valid = response_mask.bool()
         returns = torch.zeros_like(token_level_rewards)
@@ -386,7 +425,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
         ``(advantages, returns)``: the same ``(bs, response_len)`` tensor twice, 0 on masked tokens.
     """
     fn_name = "compute_reinforce_plus_plus_baseline_outcome_advantage"
-    _check_shapes(fn_name, response_mask, token_level_rewards=token_level_rewards)
+    check_shapes(fn_name, response_mask, token_level_rewards=token_level_rewards)
     with torch.no_grad():
         scores = _scores(token_level_rewards, response_mask)
         mean, _, _ = _group_mean_std_size(scores, index, fn_name)
@@ -420,7 +459,7 @@ def compute_remax_outcome_advantage(
         ``(advantages, returns)``, ``(bs, response_len)``, 0 on masked tokens.
     """
     fn_name = "compute_remax_outcome_advantage"
-    _check_shapes(fn_name, response_mask, token_level_rewards=token_level_rewards)
+    check_shapes(fn_name, response_mask, token_level_rewards=token_level_rewards)
     if reward_baselines is None or tuple(reward_baselines.shape) != tuple(response_mask.shape[:1]):
         got = None if reward_baselines is None else tuple(reward_baselines.shape)
         raise ValueError(
@@ -437,3 +476,88 @@ def compute_remax_outcome_advantage(
 
 
 # ----------------------------------------------------------------------------------------------------
+
+
+# ----------------------------------------------------------------------------------------------------
+# One entry point for the whole batch
+# ----------------------------------------------------------------------------------------------------
+
+
+def estimator_needs_critic(adv_estimator: str) -> bool:
+    """Whether ``algorithm.adv_estimator`` uses critic values (its registration says so)."""
+    return get_estimator_info(str(adv_estimator)).needs_critic
+
+
+def compute_advantage(
+    data: DataProto, algorithm: Any, custom_fn: Callable[..., Any] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and returns of a whole batch: the registry estimator or the user's custom function.
+
+    Called where the whole batch is at hand: by the driver without a critic (group estimators see whole
+    groups), and by the critic group on the gathered batch for estimators without a per-sample form.
+    Every estimator receives the same keyword inputs: ``token_level_rewards``, ``response_mask``,
+    ``values`` (estimators registered with ``needs_critic``), ``index`` (group ids),
+    ``reward_baselines`` (``needs_baselines``), ``gamma``, ``lam``, ``norm_adv_by_std_in_grpo`` and
+    ``config``.
+
+    Args:
+        data: batch with ``token_level_rewards``, ``response_mask``: (bs, response_len); optional
+            ``values`` (bs, response_len), ``reward_baselines`` (bs,); non-tensor ``uid`` (bs,).
+        algorithm: the ``algorithm`` section (``adv_estimator``, ``gamma``, ``lam``, ...).
+        custom_fn: the loaded custom advantage function (replaces the registry estimator).
+
+    Returns:
+        ``(advantages, returns)``, each (bs, response_len).
+    """
+    batch = data.batch
+    keys = batch.keys()
+    index = data.non_tensor_batch.get("uid")
+    if index is None:
+        index = np.arange(len(data), dtype=object)
+    inputs = {
+        "token_level_rewards": batch["token_level_rewards"],
+        "response_mask": batch["response_mask"],
+        "values": batch["values"] if "values" in keys else None,
+        "index": index,
+        "config": algorithm,
+    }
+    with torch.no_grad():
+        if custom_fn is not None:
+            return custom_fn(**inputs)
+        estimator = str(algorithm.adv_estimator)
+        info = get_estimator_info(estimator)
+        if info.needs_critic and inputs["values"] is None:
+            raise ValueError(
+                f"algorithm.adv_estimator={estimator} needs critic values but the batch has none"
+            )
+        if not info.needs_critic:
+            inputs.pop("values")
+        extra = {
+            "gamma": algorithm.gamma,
+            "lam": algorithm.lam,
+            "norm_adv_by_std_in_grpo": algorithm.norm_adv_by_std_in_grpo,
+        }
+        if info.needs_baselines:
+            if "reward_baselines" not in keys:
+                raise ValueError(
+                    f"algorithm.adv_estimator={estimator} needs reward_baselines (greedy-response rewards)"
+                )
+            extra["reward_baselines"] = batch["reward_baselines"]
+        return get_adv_estimator_fn(estimator)(**inputs, **extra)
+
+
+def advantage_metrics(data: DataProto, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
+    """``critic/{advantages,returns,values}/{mean,max,min}`` over valid tokens of the whole batch."""
+    mask = data.batch["response_mask"].bool()
+    out: dict[str, float] = {}
+    series = {"advantages": advantages, "returns": returns}
+    if "values" in data.batch.keys():
+        series["values"] = data.batch["values"]
+    for name, t in series.items():
+        valid = t[mask]
+        if valid.numel() == 0:
+            continue
+        out[f"critic/{name}/mean"] = float(masked_mean(t, mask.to(t.dtype)))
+        out[f"critic/{name}/max"] = float(valid.max())
+        out[f"critic/{name}/min"] = float(valid.min())
+    return out

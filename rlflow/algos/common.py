@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import torch
 
-__all__ = ["Count", "config_get"]
+__all__ = ["Count", "check_shapes"]
 
 Count = int | float | torch.Tensor
+"""A token or sequence count: a Python number or a scalar tensor."""
 
 
-def config_get(config: Any, key: str, default: Any = None) -> Any:
-    """``config.key`` for a dataclass / DictConfig / namespace / dict; ``default`` when absent or None."""
-    if config is None:
-        return default
-    value = config.get(key, None) if isinstance(config, Mapping) else getattr(config, key, None)
-    return default if value is None else value
-
-
-_cfg = config_get
-
-
-def _check_shapes(fn_name: str, response_mask: torch.Tensor, **tensors: torch.Tensor | None) -> None:
+def check_shapes(fn_name: str, response_mask: torch.Tensor, **tensors: torch.Tensor | None) -> None:
     """Raise ValueError naming the argument whose shape differs from ``response_mask`` (bs, response_len)."""
     if response_mask.dim() != 2:
         raise ValueError(

@@ -28,42 +28,18 @@ each error names the function and the problem.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import inspect
-import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from rlflow.utils.import_utils import import_file
+
 __all__ = ["CONFIG_KEY", "INPUT_NAMES", "CustomAdvantageFn", "load_custom_advantage_fn"]
 
 CONFIG_KEY = "algorithm.custom_advantage_function"
 INPUT_NAMES = ("token_level_rewards", "response_mask", "values", "index", "config")
-
-
-def _import_file(path: str) -> Any:
-    """Import the Python file ``path`` as a fresh module (registered in ``sys.modules``)."""
-    key = f"{CONFIG_KEY}.path"
-    if not path:
-        raise ValueError(f"{key} is empty; set it to a Python file that defines the advantage function")
-    abspath = os.path.abspath(os.path.expanduser(path))
-    if not os.path.isfile(abspath):
-        raise ValueError(f"{key}: no such file {path!r} (resolved to {abspath})")
-    module_name = "rlflow_custom_advantage_" + hashlib.sha1(abspath.encode()).hexdigest()[:12]
-    spec = importlib.util.spec_from_file_location(module_name, abspath)
-    if spec is None or spec.loader is None:
-        raise ValueError(f"{key}: {path!r} cannot be imported as a Python module (is it a .py file?)")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses and pickling look the module up here
-    try:
-        spec.loader.exec_module(module)
-    except Exception as err:
-        sys.modules.pop(module_name, None)
-        raise ValueError(f"{key}: importing {path!r} failed: {type(err).__name__}: {err}") from err
-    return module
 
 
 def _check_signature(fn: Callable, label: str) -> None:
@@ -200,7 +176,7 @@ def load_custom_advantage_fn(path: str, name: str) -> CustomAdvantageFn:
     """
     if not name:
         raise ValueError(f"{CONFIG_KEY}.name is empty; set it to the name of the function in {path!r}")
-    module = _import_file(path)
+    module = import_file(path, f"{CONFIG_KEY}.path")
     if not hasattr(module, name):
         defined = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
         raise ValueError(

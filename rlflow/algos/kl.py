@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlflow.algos.common import Count, _cfg
+from rlflow.algos.common import Count
 from rlflow.algos.losses import agg_loss
 from rlflow.utils.torch_functional import masked_mean
 
@@ -76,21 +76,20 @@ def get_kl_controller(kl_ctrl: Any) -> FixedKLController | AdaptiveKLController:
     """Build the controller described by ``kl_ctrl`` (``algorithm.kl_ctrl``).
 
     Args:
-        kl_ctrl: object or mapping with ``type`` ("fixed" | "adaptive"), ``kl_coef`` and, for adaptive,
-            ``target_kl`` and ``horizon``.
+        kl_ctrl: the ``algorithm.kl_ctrl`` section: ``type`` ("fixed" | "adaptive"), ``kl_coef`` and, for
+            adaptive, ``target_kl`` and ``horizon``.
 
     Returns:
         A ``FixedKLController`` or ``AdaptiveKLController``.
     """
-    kind = _cfg(kl_ctrl, "type")
-    kl_coef = _cfg(kl_ctrl, "kl_coef")
+    kind, kl_coef = kl_ctrl.type, kl_ctrl.kl_coef
     if kl_coef is None:
         raise ValueError("algorithm.kl_ctrl.kl_coef is not set")
     if kind == "fixed":
         return FixedKLController(kl_coef=kl_coef)
     if kind == "adaptive":
         return AdaptiveKLController(
-            init_kl_coef=kl_coef, target_kl=_cfg(kl_ctrl, "target_kl", 0), horizon=_cfg(kl_ctrl, "horizon", 0)
+            init_kl_coef=kl_coef, target_kl=kl_ctrl.target_kl, horizon=kl_ctrl.horizon
         )
     raise ValueError(f"algorithm.kl_ctrl.type must be 'fixed' or 'adaptive', got {kind!r}")
 

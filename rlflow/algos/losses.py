@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-from rlflow.algos.common import Count, _cfg, _check_shapes
+from rlflow.algos.common import Count, check_shapes
 from rlflow.utils.torch_functional import clip_by_value, entropy_from_logits, masked_mean, masked_sum
 
 __all__ = [
@@ -188,8 +189,10 @@ def agg_loss(
 
 
 def _clip_ratios(config: Any, fn_name: str) -> tuple[float, float]:
-    clip_ratio = _cfg(config, "clip_ratio")
-    low, high = _cfg(config, "clip_ratio_low", clip_ratio), _cfg(config, "clip_ratio_high", clip_ratio)
+    """``(clip_ratio_low, clip_ratio_high)`` of the actor config, each falling back to ``clip_ratio``."""
+    clip_ratio = config.clip_ratio
+    low = clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low
+    high = clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
     if low is None or high is None:
         raise ValueError(
             f"{fn_name} needs actor.clip_ratio (or both actor.clip_ratio_low and actor.clip_ratio_high)"
@@ -230,7 +233,7 @@ def compute_rollout_is_weights(
     Returns:
         ``(bs, response_len)`` detached weights, the ``rollout_is_weights`` of the policy losses.
     """
-    _check_shapes(
+    check_shapes(
         "compute_rollout_is_weights",
         response_mask,
         old_log_prob=old_log_prob,
@@ -285,9 +288,9 @@ def compute_policy_loss_vanilla(
         where the dual clip is active.
     """
     fn_name = "compute_policy_loss_vanilla"
-    _check_shapes(fn_name, response_mask, old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages)
+    check_shapes(fn_name, response_mask, old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages)
     clip_low, clip_high = _clip_ratios(config, fn_name)
-    clip_ratio_c = float(_cfg(config, "clip_ratio_c", 3.0))
+    clip_ratio_c = float(config.clip_ratio_c)
     if not clip_ratio_c > 1.0:
         raise ValueError(f"{fn_name}: actor.clip_ratio_c (dual-clip bound) must be > 1, got {clip_ratio_c}")
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
@@ -351,7 +354,7 @@ def compute_policy_loss_gspo(
         ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)``; ``pg_clipfrac_lower`` is always 0.
     """
     fn_name = "compute_policy_loss_gspo"
-    _check_shapes(fn_name, response_mask, old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages)
+    check_shapes(fn_name, response_mask, old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages)
     clip_low, clip_high = _clip_ratios(config, fn_name)
     log_ratio = log_prob - old_log_prob
     seq_log_ratio = masked_mean(log_ratio, response_mask, axis=-1)  # (bs,)
@@ -397,12 +400,12 @@ def compute_policy_loss(
     Returns:
         ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)`` as ``compute_policy_loss_vanilla``.
     """
-    config = {
-        "clip_ratio": cliprange,
-        "clip_ratio_low": cliprange_low,
-        "clip_ratio_high": cliprange_high,
-        "clip_ratio_c": clip_ratio_c,
-    }
+    config = SimpleNamespace(
+        clip_ratio=cliprange,
+        clip_ratio_low=cliprange_low,
+        clip_ratio_high=cliprange_high,
+        clip_ratio_c=clip_ratio_c,
+    )
     return compute_policy_loss_vanilla(
         old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config
     )
@@ -442,7 +445,7 @@ def compute_value_loss(
         ``(vf_loss, vf_clipfrac)`` scalars; clipfrac is the fraction of valid tokens where the clipped
         term is the larger one (0 without clipping).
     """
-    _check_shapes("compute_value_loss", response_mask, vpreds=vpreds, returns=returns, values=values)
+    check_shapes("compute_value_loss", response_mask, vpreds=vpreds, returns=returns, values=values)
     vf_losses = (vpreds - returns) ** 2
     vf_clipfrac = torch.zeros((), dtype=vpreds.dtype, device=vpreds.device)
     if cliprange_value is not None:

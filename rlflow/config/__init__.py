@@ -20,8 +20,10 @@ from rlflow.config.loading import (
     CONFIG_NAME,
     apply_critic_config_file,
     config_dir,
+    config_section,
     load_config,
     resolve_critic_config_path,
+    to_typed,
 )
 from rlflow.config.schema import SCHEMA_NAME, PPOTrainerConfig, register_configs
 from rlflow.config.validate import need_critic, need_reference_policy, validate_config
@@ -32,10 +34,12 @@ __all__ = [
     "PPOTrainerConfig",
     "apply_critic_config_file",
     "config_dir",
+    "config_section",
     "load_config",
     "need_critic",
     "need_reference_policy",
     "register_configs",
     "resolve_critic_config_path",
+    "to_typed",
     "validate_config",
 ]

@@ -1,18 +1,12 @@
 """Readers of config values that raise ``ValueError`` naming the key path; used by `config_validate`.
 
 Each ``check``-style reader takes the config and a dotted key, resolves interpolations, checks one thing
-and returns the value, so a validation rule reads as one line. Also: optional lookups of names owned by
-modules written elsewhere (registries), and importing a user function from a Python file.
+and returns the value, so a validation rule reads as one line.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
-import os
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -25,10 +19,7 @@ __all__ = [
     "flag",
     "in_range",
     "kl_name",
-    "load_function",
-    "names_or",
     "number",
-    "optional_attr",
     "positive",
     "value_at",
 ]
@@ -123,45 +114,3 @@ def kl_name(cfg: DictConfig, key: str) -> str:
             f"{key}={value!r} is not a KL estimator: one of {list(KL_ESTIMATORS)}, optionally + '+'"
         )
     return value
-
-
-# --------------------------------------------------------------------------- names owned by other modules
-
-
-def optional_attr(module: str, attr: str) -> Any:
-    """``module.attr``, or None while that module (being written elsewhere) cannot be imported."""
-    try:
-        return getattr(importlib.import_module(module), attr, None)
-    except ImportError:
-        return None
-
-
-def names_or(module: str, attr: str, fallback: Sequence[str]) -> tuple[str, ...]:
-    """The names in ``module.attr`` (a registry or tuple), or ``fallback`` while it cannot be imported."""
-    names = optional_attr(module, attr)
-    return tuple(names) if names else tuple(fallback)
-
-
-def load_function(path: str, name: str, prefix: str) -> Callable:
-    """Import ``name`` from the Python file ``path``; ValueError naming ``prefix.path`` / ``prefix.name``."""
-    abspath = os.path.abspath(os.path.expanduser(path))
-    if not os.path.isfile(abspath):
-        raise ValueError(f"{prefix}.path={path!r}: no such file (resolved to {abspath})")
-    module_name = f"rlflow_user_fn_{hashlib.sha1(abspath.encode()).hexdigest()[:12]}"
-    spec = importlib.util.spec_from_file_location(module_name, abspath)
-    if spec is None or spec.loader is None:
-        raise ValueError(f"{prefix}.path={path!r} cannot be imported as a Python module (is it a .py file?)")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses defined in the file look their module up here
-    try:
-        spec.loader.exec_module(module)
-    except Exception as err:
-        raise ValueError(f"{prefix}.path={path!r}: importing it failed: {type(err).__name__}: {err}") from err
-    finally:
-        sys.modules.pop(module_name, None)
-    fn = getattr(module, name, None)
-    if fn is None:
-        raise ValueError(f"{prefix}.name={name!r} is not defined in {path!r}")
-    if not callable(fn):
-        raise ValueError(f"{prefix}.name={name!r} in {path!r} is a {type(fn).__name__}, not callable")
-    return fn

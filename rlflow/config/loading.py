@@ -12,10 +12,12 @@ config file (``critic.config_path``), whose keys override the ``critic`` group a
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator, Sequence
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -23,15 +25,18 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from rlflow.config.aliases import rewrite_critic_file_keys, rewrite_overrides
-from rlflow.config.schema import register_configs
+from rlflow.config.reads import track_reads, tracking_enabled
+from rlflow.config.schema import PPOTrainerConfig, register_configs
 
 __all__ = [
     "CONFIG_NAME",
     "YAML_PACKAGE",
     "apply_critic_config_file",
     "config_dir",
+    "config_section",
     "load_config",
     "resolve_critic_config_path",
+    "to_typed",
 ]
 
 CONFIG_NAME = "ppo_trainer"
@@ -184,3 +189,59 @@ def apply_critic_config_file(cfg: DictConfig) -> DictConfig:
         ) from err
     merged.critic.config_path = str(resolved)
     return merged
+
+
+def to_typed(cfg: DictConfig) -> PPOTrainerConfig:
+    """The composed config as the schema's dataclasses, interpolations resolved.
+
+    This is what the driver and every worker read (by attribute): picklable, with one set of defaults
+    (the schema's).
+
+    Args:
+        cfg: a composed (and validated) config.
+
+    Returns:
+        A `rlflow.config.schema.PPOTrainerConfig` instance.
+    """
+    typed = OmegaConf.to_object(cfg)
+    if not isinstance(typed, PPOTrainerConfig):
+        raise TypeError(f"to_typed expects a composed PPO trainer config, got {type(typed).__name__}")
+    if tracking_enabled():
+        track_reads(typed)
+    return typed
+
+
+@functools.cache
+def _schema_defaults() -> DictConfig:
+    return OmegaConf.structured(PPOTrainerConfig)
+
+
+def config_section(path: str, /, **overrides: Any) -> Any:
+    """One typed section of the default config, with ``overrides`` applied (library and test use).
+
+    Interpolated defaults (``rollout.prompt_length`` follows ``data.max_prompt_length``, ...) resolve
+    in the context of the whole default config, so a section built here is what the trainer would hand
+    a component; keys of a nested section are dotted (``val_kwargs.n=2``).
+
+    Args:
+        path: a section's key path, e.g. ``"actor_rollout_ref.rollout"``.
+        **overrides: values for keys of that section (``"a.b"`` spelled ``a__b``).
+
+    Returns:
+        The section's dataclass instance.
+
+    Raises:
+        ValueError: an unknown section or key (naming it).
+    """
+    cfg = _schema_defaults().copy()
+    if OmegaConf.select(cfg, path) is None:
+        raise ValueError(f"config_section: {path!r} is not a section of the trainer config")
+    for key, value in overrides.items():
+        full = f"{path}.{key.replace('__', '.')}"
+        try:
+            OmegaConf.update(cfg, full, value, merge=True)
+        except (ConfigKeyError, ValidationError, OmegaConfBaseException) as err:
+            raise ValueError(
+                f"config_section: cannot set {full}={value!r}: {str(err).splitlines()[0]}"
+            ) from err
+    return OmegaConf.to_object(OmegaConf.select(cfg, path))

@@ -59,11 +59,24 @@ class DataConfig:
     """``data``: prompts, lengths and batch sizes (sizes in prompts, before ``rollout.n``).
 
     Attributes:
+        tokenizer: tokenizer path; None = the actor model's.
         train_files: a parquet/jsonl path or a list of them; None uses the embedded synthetic ``task``.
         val_files: same for validation.
         task: embedded synthetic task (`rlflow.data.tasks.TASKS`) used when the files are None.
-        truncation: what to do with a prompt longer than ``max_prompt_length``: error | left | right.
-        val_batch_size: None evaluates the whole validation set at once.
+        prompt_key: column holding the chat messages.
+        reward_fn_key: column naming each row's data source (selects the built-in scorer).
+        max_prompt_length: padded prompt length (tokens, after the chat template).
+        max_response_length: generated tokens per response (the rollout's ``response_length``).
+        train_batch_size: prompts per step (each gets actor_rollout_ref.rollout.n responses).
+        val_batch_size: prompts per validation batch; None evaluates the whole validation set at once.
+        return_raw_chat: also hand the chat messages to the workers (``raw_prompt``).
+        return_full_prompt: also hand the templated prompt text (``full_prompts``).
+        apply_chat_template_kwargs: extra keyword arguments for ``tokenizer.apply_chat_template``.
+        shuffle: shuffle the training prompts every epoch.
+        seed: seed of the training sampler.
+        filter_overlong_prompts: drop (count and log) prompts longer than ``max_prompt_length``.
+        truncation: what to do with an overlong prompt that is not filtered: error | left | right | middle.
+        dataloader_num_workers: worker processes of the data loaders.
     """
 
     tokenizer: str | None = None
@@ -77,6 +90,8 @@ class DataConfig:
     train_batch_size: int = 16
     val_batch_size: int | None = None
     return_raw_chat: bool = False
+    return_full_prompt: bool = False
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     shuffle: bool = True
     seed: int = 1
     filter_overlong_prompts: bool = True
@@ -104,21 +119,37 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
-    """``*.optim``: AdamW with linear warm-up then a constant or cosine schedule.
+    """``*.optim``: AdamW with linear warm-up then a constant or cosine schedule (`rlflow.engine.optim`).
 
     Attributes:
+        lr: peak learning rate.
         lr_warmup_steps: warm-up steps; -1 uses ``lr_warmup_steps_ratio * total_training_steps``.
-        warmup_style: constant | cosine (cosine decays to ``min_lr_ratio * lr``).
+        lr_warmup_steps_ratio: warm-up length as a fraction of the run's optimizer steps.
+        warmup_style: constant | cosine (cosine decays to ``min_lr_ratio * lr``); verl's older name of
+            ``lr_scheduler_type``.
+        lr_scheduler_type: constant | cosine; null = ``warmup_style``.
+        min_lr_ratio: floor of the cosine schedule, as a fraction of ``lr``.
+        num_cycles: cosine cycles over the post-warm-up steps (0.5 = one half cosine down to the floor).
+        weight_decay: decoupled weight decay (AdamW).
+        betas: AdamW ``[beta1, beta2]``.
+        eps: AdamW epsilon.
     """
 
     lr: float = 1.0e-3
     lr_warmup_steps: int = -1
     lr_warmup_steps_ratio: float = 0.0
     warmup_style: str = "constant"
+    lr_scheduler_type: str | None = None
     min_lr_ratio: float = 0.0
+    num_cycles: float = 0.5
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1.0e-8
+
+    @property
+    def scheduler_type(self) -> str:
+        """The schedule in effect: ``lr_scheduler_type``, else ``warmup_style``."""
+        return self.lr_scheduler_type or self.warmup_style
 
 
 @dataclass
@@ -173,6 +204,9 @@ class ActorConfig:
         clip_ratio_low / clip_ratio_high: asymmetric clip (None = ``clip_ratio``).
         clip_ratio_c: dual-clip constant for negative advantages (Ye et al. 2020), > 1.
         loss_agg_mode: token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm.
+        tis_imp_ratio_cap: truncated importance sampling between the rollout engine's and the trainer's
+            probabilities (Yao et al. 2025): weights ``min(exp(old_log_prob - rollout_log_prob), cap)``
+            multiply the per-token policy loss; -1 = off; needs ``rollout.calculate_log_probs``.
     """
 
     strategy: str = "fsdp2"
@@ -193,6 +227,7 @@ class ActorConfig:
     kl_loss_type: str = "low_var_kl"
     grad_clip: float = 1.0
     ulysses_sequence_parallel_size: int = 1
+    tis_imp_ratio_cap: float = -1.0
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -218,7 +253,16 @@ class RefConfig:
 
 @dataclass
 class ValKwargsSection:
-    """``actor_rollout_ref.rollout.val_kwargs``: sampling for validation (greedy by default)."""
+    """``actor_rollout_ref.rollout.val_kwargs``: sampling for validation (greedy by default, so validation
+    scores are deterministic).
+
+    Attributes:
+        temperature: softmax temperature (0 with ``do_sample=false`` is greedy).
+        top_k: keep the k most likely tokens (-1 or 0 = off).
+        top_p: nucleus mass (1.0 = off).
+        do_sample: sample (true) or take the argmax (false).
+        n: samples per prompt.
+    """
 
     temperature: float = 0.0
     top_k: int = -1
@@ -229,15 +273,35 @@ class ValKwargsSection:
 
 @dataclass
 class RolloutSection:
-    """``actor_rollout_ref.rollout``: generation. The keys are those of
-    `rlflow.rollout.base.RolloutConfig` (which the rollout builds from this section); the engine
-    options after ``val_kwargs`` are additions to the spec so that verl's vLLM knobs can be set.
+    """``actor_rollout_ref.rollout``: generation (`rlflow.rollout`). The engine options after
+    ``val_kwargs`` are additions to verl's keys so that its vLLM knobs can be set.
 
     Attributes:
         name: hf (embedded, CPU too) | vllm (GPU extra).
-        n: responses per prompt (GRPO group size).
-        micro_batch_size: rows decoded together; None = the whole batch.
-        dtype: dtype of the generation replica; None = the actor's parameter dtype.
+        temperature: softmax temperature; 0 means greedy (as in vLLM); log-probs are then taken at 1.
+        top_k: keep the k most likely tokens; -1 (or 0) = off.
+        top_p: nucleus sampling mass in (0, 1]; 1.0 = off (Holtzman et al. 2019, arXiv:1904.09751).
+        do_sample: sample (true) or greedy argmax (false).
+        n: responses per prompt (GRPO group size); rows are interleaved per prompt.
+        prompt_length: maximum prompt width; wider prompts raise ``ValueError``.
+        response_length: maximum generated tokens per response (the width of ``responses``).
+        micro_batch_size: rows (after the ``n`` repeat) decoded together; None = the whole batch.
+        seed: base seed of the sampling noise (counter-based: keyed by step and global row).
+        calculate_log_probs: also return ``rollout_log_probs`` (and log ``training/rollout_probs_diff_*``).
+        log_prob_micro_batch_size_per_gpu: responses per forward of the old-log-prob pass on one rank.
+        log_prob_use_dynamic_bsz: token-budget micro-batches for the old-log-prob pass.
+        log_prob_max_token_len_per_gpu: token budget per micro-batch of that pass.
+        val_kwargs: sampling used for validation batches.
+        free_cache_engine: hf: drop the gathered generation replica after each call (true) or keep its
+            memory for the next one; vllm: sleep the engine between calls.
+        dtype: dtype of the generation replica / vLLM engine; None = the actor's parameter dtype.
+        tensor_model_parallel_size: vllm: tensor-parallel size of the engine.
+        gpu_memory_utilization: vllm: fraction of GPU memory the engine may take.
+        enforce_eager: vllm: disable CUDA graphs.
+        max_num_batched_tokens: vllm: scheduler token budget per step.
+        max_num_seqs: vllm: scheduler sequence budget per step.
+        max_model_len: vllm: context length; None = ``prompt_length + response_length``.
+        enable_chunked_prefill: vllm: chunked prefill.
     """
 
     name: str = "hf"

@@ -31,6 +31,9 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from rlflow.algos.advantages import ADV_ESTIMATOR_INFO, ADV_ESTIMATOR_REGISTRY
+from rlflow.algos.custom import load_custom_advantage_fn
+from rlflow.algos.losses import AGG_LOSS_MODES, POLICY_LOSS_REGISTRY
 from rlflow.config.checks import (
     KL_ESTIMATORS,
     at_least,
@@ -39,14 +42,15 @@ from rlflow.config.checks import (
     flag,
     in_range,
     kl_name,
-    load_function,
-    names_or,
     number,
-    optional_attr,
     positive,
     value_at,
 )
 from rlflow.config.schema import PPOTrainerConfig
+from rlflow.data.tasks import TASKS
+from rlflow.models.loader import ATTN_IMPLEMENTATIONS
+from rlflow.reward.custom import load_custom_reward_fn
+from rlflow.utils.dtypes import DTYPES as _DTYPE_TABLE
 
 __all__ = ["KL_ESTIMATORS", "need_critic", "need_reference_policy", "validate_config"]
 
@@ -57,56 +61,45 @@ MODEL = "actor_rollout_ref.model"
 
 STRATEGIES = ("fsdp", "fsdp2")
 WARMUP_STYLES = ("constant", "cosine")
-TRUNCATIONS = ("error", "left", "right")
+TRUNCATIONS = ("error", "left", "right", "middle")
 RESUME_MODES = ("auto", "disable", "resume_path")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 KL_CTRL_TYPES = ("fixed", "adaptive")
-DTYPES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
+DTYPES = tuple(_DTYPE_TABLE)
 
-# Used only while the module that owns the list cannot be imported.
-_FALLBACK_ADV_ESTIMATORS = (
-    "gae",
-    "grpo",
-    "reinforce_plus_plus",
-    "reinforce_plus_plus_baseline",
-    "remax",
-    "rloo",
-)
-_FALLBACK_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-_FALLBACK_ROLLOUTS = ("hf", "vllm")
-_FALLBACK_ATTN = ("auto", "sdpa", "eager", "flash_attention_2", "ulysses_sdpa")
+ROLLOUT_NAMES = ("hf", "vllm")
+"""``actor_rollout_ref.rollout.name`` values: the engines of `rlflow.rollout.ROLLOUT_CLASSES` (a test keeps
+the two equal; the rollout package sits above the config, so the names are listed here)."""
 # --------------------------------------------------------------------------- derived facts
 
 
 def _estimator_needs_critic(name: str) -> bool:
     """Whether the registered estimator ``name`` uses critic values (False for an unknown name)."""
-    from rlflow.algos.advantages import ADV_ESTIMATOR_INFO
-
     info = ADV_ESTIMATOR_INFO.get(str(name))
     return bool(info is not None and info.needs_critic)
 
 
-def need_critic(cfg: DictConfig) -> bool:
+def need_critic(cfg: Any) -> bool:
     """True when the run has a critic: ``critic.enable`` if set, else whether ``algorithm.adv_estimator``
     was registered as needing one (``register_adv_est(..., needs_critic=True)``, e.g. gae).
 
     Args:
-        cfg: the composed trainer config.
+        cfg: the composed trainer config (a ``DictConfig`` or the typed `PPOTrainerConfig`).
     """
-    enable = value_at(cfg, "critic.enable")
+    enable = cfg.critic.enable
     if enable is None:
-        return _estimator_needs_critic(value_at(cfg, "algorithm.adv_estimator"))
+        return _estimator_needs_critic(cfg.algorithm.adv_estimator)
     return bool(enable)
 
 
-def need_reference_policy(cfg: DictConfig) -> bool:
+def need_reference_policy(cfg: Any) -> bool:
     """True when a reference policy is needed: KL in the reward or KL as an actor loss.
 
     Args:
-        cfg: the composed trainer config.
+        cfg: the composed trainer config (a ``DictConfig`` or the typed `PPOTrainerConfig`).
     """
-    return bool(value_at(cfg, "algorithm.use_kl_in_reward") or value_at(cfg, f"{ACTOR}.use_kl_loss"))
+    return bool(cfg.algorithm.use_kl_in_reward or cfg.actor_rollout_ref.actor.use_kl_loss)
 
 
 def _world_size(cfg: DictConfig) -> int:
@@ -171,14 +164,11 @@ def _check_data(cfg: DictConfig) -> None:
     at_least(cfg, "data.dataloader_num_workers", 0)
     choice(cfg, "data.truncation", TRUNCATIONS)
     if value_at(cfg, "data.train_files") is None or value_at(cfg, "data.val_files") is None:
-        tasks = optional_attr("rlflow.data.tasks", "TASKS")
-        if tasks:
-            choice(cfg, "data.task", tuple(tasks))
+        choice(cfg, "data.task", tuple(TASKS))
 
 
 def _check_algorithm(cfg: DictConfig) -> None:
-    estimators = names_or("rlflow.trainer.ppo.core_algos", "ADV_ESTIMATOR_REGISTRY", _FALLBACK_ADV_ESTIMATORS)
-    choice(cfg, "algorithm.adv_estimator", estimators)
+    choice(cfg, "algorithm.adv_estimator", tuple(ADV_ESTIMATOR_REGISTRY))
     if value_at(cfg, "algorithm.adv_estimator") == "remax":
         raise ValueError(
             "algorithm.adv_estimator=remax needs a greedy baseline rollout per prompt (reward_baselines), which "
@@ -199,7 +189,16 @@ def _check_optim(cfg: DictConfig, prefix: str) -> None:
     positive(cfg, f"{prefix}.lr")
     at_least(cfg, f"{prefix}.lr_warmup_steps", -1)
     in_range(cfg, f"{prefix}.lr_warmup_steps_ratio", 0.0, 1.0)
-    choice(cfg, f"{prefix}.warmup_style", WARMUP_STYLES)
+    style = choice(cfg, f"{prefix}.warmup_style", WARMUP_STYLES)
+    kind = value_at(cfg, f"{prefix}.lr_scheduler_type")
+    if kind is not None:
+        choice(cfg, f"{prefix}.lr_scheduler_type", WARMUP_STYLES)
+        if kind != style and value_at(cfg, f"{prefix}.warmup_style") != "constant":
+            raise ValueError(
+                f"{prefix}.lr_scheduler_type={kind!r} and {prefix}.warmup_style={style!r} disagree; set only "
+                "lr_scheduler_type"
+            )
+    positive(cfg, f"{prefix}.num_cycles")
     in_range(cfg, f"{prefix}.min_lr_ratio", 0.0, 1.0)
     at_least(cfg, f"{prefix}.weight_decay", 0.0, integer=False)
     positive(cfg, f"{prefix}.eps")
@@ -222,7 +221,7 @@ def _check_model(cfg: DictConfig, prefix: str) -> None:
     choice(
         cfg,
         f"{prefix}.attn_implementation",
-        names_or("rlflow.models.loader", "ATTN_IMPLEMENTATIONS", _FALLBACK_ATTN),
+        tuple(ATTN_IMPLEMENTATIONS),
     )
     flag(cfg, f"{prefix}.use_remove_padding")
 
@@ -233,11 +232,9 @@ def _check_actor(cfg: DictConfig) -> None:
     choice(
         cfg,
         f"{ACTOR}.loss_agg_mode",
-        names_or("rlflow.trainer.ppo.core_algos", "AGG_LOSS_MODES", _FALLBACK_AGG_MODES),
+        AGG_LOSS_MODES,
     )
-    losses = optional_attr("rlflow.trainer.ppo.core_algos", "POLICY_LOSS_REGISTRY")
-    if losses:
-        choice(cfg, f"{ACTOR}.policy_loss.loss_mode", tuple(losses))
+    choice(cfg, f"{ACTOR}.policy_loss.loss_mode", tuple(POLICY_LOSS_REGISTRY))
     if flag(cfg, f"{ACTOR}.use_kl_loss"):
         kl_name(cfg, f"{ACTOR}.kl_loss_type")
         at_least(cfg, f"{ACTOR}.kl_loss_coef", 0.0, integer=False)
@@ -254,6 +251,13 @@ def _check_actor(cfg: DictConfig) -> None:
     if not clip_c > 1:
         raise ValueError(f"{ACTOR}.clip_ratio_c={clip_c!r} must be > 1 (dual-clip bound)")
     positive(cfg, f"{ACTOR}.grad_clip")
+    cap = number(cfg, f"{ACTOR}.tis_imp_ratio_cap")
+    if cap != -1 and not cap > 0:
+        raise ValueError(f"{ACTOR}.tis_imp_ratio_cap={cap!r} must be -1 (off) or > 0")
+    if cap > 0 and not value_at(cfg, f"{ROLLOUT}.calculate_log_probs"):
+        raise ValueError(
+            f"{ACTOR}.tis_imp_ratio_cap={cap!r} needs the rollout's log-probs: set {ROLLOUT}.calculate_log_probs=true"
+        )
     at_least(cfg, f"{ACTOR}.ppo_epochs", 1)
     _check_optim(cfg, f"{ACTOR}.optim")
     _check_fsdp(cfg, f"{ACTOR}.fsdp_config")
@@ -272,7 +276,7 @@ def _check_sampling(cfg: DictConfig, prefix: str) -> None:
 
 
 def _check_rollout(cfg: DictConfig) -> None:
-    choice(cfg, f"{ROLLOUT}.name", names_or("rlflow.rollout", "ROLLOUT_CLASSES", _FALLBACK_ROLLOUTS))
+    choice(cfg, f"{ROLLOUT}.name", ROLLOUT_NAMES)
     _check_sampling(cfg, ROLLOUT)
     _check_sampling(cfg, f"{ROLLOUT}.val_kwargs")
     prompt_length = at_least(cfg, f"{ROLLOUT}.prompt_length", 1)
@@ -308,7 +312,7 @@ def _check_critic(cfg: DictConfig) -> None:
     choice(
         cfg,
         "critic.loss_agg_mode",
-        names_or("rlflow.trainer.ppo.core_algos", "AGG_LOSS_MODES", _FALLBACK_AGG_MODES),
+        AGG_LOSS_MODES,
     )
     positive(cfg, "critic.cliprange_value")
     positive(cfg, "critic.grad_clip")
@@ -510,12 +514,10 @@ def _check_custom_reward(cfg: DictConfig) -> None:
         return
     if not name:
         raise ValueError(f"{prefix}.name must be set when {prefix}.path={path!r} is")
-    loader = optional_attr("rlflow.reward", "load_custom_reward_fn")
-    if loader is None:
-        load_function(path, name, prefix)
-        return
+    kwargs = value_at(cfg, f"{prefix}.reward_kwargs")
+    kwargs = OmegaConf.to_container(kwargs) if isinstance(kwargs, DictConfig) else dict(kwargs or {})
     try:
-        loader(path, name)
+        load_custom_reward_fn(path, name, kwargs)
     except Exception as err:
         if isinstance(err, ValueError) and prefix in str(err):
             raise
@@ -531,11 +533,7 @@ def _check_custom_advantage(cfg: DictConfig) -> None:
         )
     if path is None:
         return
-    loader = optional_attr("rlflow.algos.custom", "load_custom_advantage_fn")
-    if loader is None:
-        load_function(path, name, prefix)
-    else:
-        loader(path, name)  # its errors name the key path
+    load_custom_advantage_fn(path, name)  # its errors name the key path
 
 
 def _check_resources(cfg: DictConfig) -> None:

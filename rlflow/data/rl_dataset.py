@@ -1,8 +1,8 @@
 """``RLHFDataset``: prompts from parquet/jsonl files, chat-templated, tokenized and left-padded.
 
-Config keys follow verl's ``data`` section (``prompt_key``, ``max_prompt_length``,
-``filter_overlong_prompts``, ``truncation``, ``return_raw_chat``, ``return_full_prompt``,
-``apply_chat_template_kwargs``); other keys of that section are ignored here.
+It reads these keys of the ``data`` section (`rlflow.config.schema.DataConfig`, verl's names):
+``prompt_key``, ``max_prompt_length``, ``filter_overlong_prompts``, ``truncation``, ``return_raw_chat``,
+``return_full_prompt``, ``apply_chat_template_kwargs``.
 
 All rows are read, checked and tokenized when the dataset is built, so bad input fails at once with a
 ``ValueError`` naming the file, the row (0-based) and the key. Prompts longer than ``max_prompt_length`` are
@@ -27,12 +27,10 @@ One item (see :meth:`RLHFDataset.__getitem__`), ``L = max_prompt_length``:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -41,64 +39,20 @@ from torch.utils.data import Dataset
 from rlflow.data.io import read_rows
 from rlflow.data.sampler import StatefulDataLoader, StatefulSampler
 
+if TYPE_CHECKING:
+    from rlflow.config.schema import DataConfig
+
 __all__ = [
     "TRUNCATION_MODES",
     "RLHFDataset",
-    "RLHFDatasetConfig",
     "collate_fn",
     "create_rl_dataloader",
-    "create_rl_sampler",
     "left_pad_prompt",
 ]
 
 logger = logging.getLogger(__name__)
 
 TRUNCATION_MODES = ("error", "left", "right", "middle")
-
-
-@dataclass(frozen=True)
-class RLHFDatasetConfig:
-    """The ``data.*`` keys that :class:`RLHFDataset` reads.
-
-    Attributes:
-        prompt_key: column holding the chat messages.
-        max_prompt_length: padded prompt length ``L`` (tokens, after the chat template).
-        filter_overlong_prompts: drop (count and log) prompts longer than ``L``.
-        truncation: what to do with an overlong prompt that is not filtered: one of
-            :data:`TRUNCATION_MODES`.
-        return_raw_chat: also return the messages as ``raw_prompt``.
-        return_full_prompt: also return the templated prompt text as ``full_prompts``.
-        apply_chat_template_kwargs: extra keyword arguments for ``tokenizer.apply_chat_template``.
-    """
-
-    prompt_key: str = "prompt"
-    max_prompt_length: int = 512
-    filter_overlong_prompts: bool = False
-    truncation: str = "error"
-    return_raw_chat: bool = False
-    return_full_prompt: bool = False
-    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.truncation not in TRUNCATION_MODES:
-            raise ValueError(f"data.truncation={self.truncation!r} must be one of {list(TRUNCATION_MODES)}")
-        if int(self.max_prompt_length) <= 0:
-            raise ValueError(f"data.max_prompt_length={self.max_prompt_length} must be positive")
-
-    @classmethod
-    def from_config(cls, config: Any) -> RLHFDatasetConfig:
-        """Build from a mapping / OmegaConf node / dataclass holding (a superset of) these keys."""
-        if config is None:
-            return cls()
-        if isinstance(config, cls):
-            return config
-        if dataclasses.is_dataclass(config):
-            config = dataclasses.asdict(config)
-        names = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: config[k] for k in names if k in config and config[k] is not None}
-        if "apply_chat_template_kwargs" in kwargs:
-            kwargs["apply_chat_template_kwargs"] = dict(kwargs["apply_chat_template_kwargs"])
-        return cls(**kwargs)
 
 
 def left_pad_prompt(ids: Sequence[int], length: int, pad_token_id: int) -> dict[str, torch.Tensor]:
@@ -168,13 +122,15 @@ class RLHFDataset(Dataset):
     Args:
         data_files: one path or a list of ``.parquet`` / ``.jsonl`` files.
         tokenizer: a transformers tokenizer with a chat template and a pad token.
-        config: the ``data`` config section (any mapping; see :class:`RLHFDatasetConfig`).
+        config: the ``data`` section (`rlflow.config.schema.DataConfig`).
     """
 
     def __init__(
-        self, data_files: str | os.PathLike | Sequence[str | os.PathLike], tokenizer: Any, config: Any = None
+        self, data_files: str | os.PathLike | Sequence[str | os.PathLike], tokenizer: Any, config: DataConfig
     ):
-        self.config = RLHFDatasetConfig.from_config(config)
+        if config.truncation not in TRUNCATION_MODES:
+            raise ValueError(f"data.truncation={config.truncation!r} must be one of {list(TRUNCATION_MODES)}")
+        self.config = config
         if tokenizer.pad_token_id is None:
             raise ValueError(
                 "RLHFDataset: the tokenizer has no pad token (load it with rlflow.models.load_tokenizer)"
@@ -222,6 +178,7 @@ class RLHFDataset(Dataset):
 
     def _build(self) -> None:
         cfg, key = self.config, self.config.prompt_key
+        limit, drop_overlong, truncation = cfg.max_prompt_length, cfg.filter_overlong_prompts, cfg.truncation
         entries = self._read_all()
         messages, texts = [], []
         for file, row, data in entries:
@@ -234,17 +191,17 @@ class RLHFDataset(Dataset):
         self._ids, self._rows, self._messages, self._texts = [], [], [], []
         for (file, row, data), msgs, text, ids in zip(entries, messages, texts, encoded):
             ids = list(ids)
-            if len(ids) > cfg.max_prompt_length:
-                if cfg.filter_overlong_prompts:
+            if len(ids) > limit:
+                if drop_overlong:
                     self.num_filtered += 1
                     continue
-                if cfg.truncation == "error":
+                if truncation == "error":
                     raise ValueError(
                         f"{_where(file, row, key)}: prompt has {len(ids)} tokens > data.max_prompt_length="
-                        f"{cfg.max_prompt_length} with data.truncation='error' (set "
+                        f"{limit} with data.truncation='error' (set "
                         "data.filter_overlong_prompts=True to drop such prompts, or truncation='left'/'right')"
                     )
-                ids = _truncate(ids, cfg.max_prompt_length, cfg.truncation)
+                ids = _truncate(ids, limit, truncation)
             self._rows.append({c: data.get(c) for c in columns})
             self._ids.append(ids)
             self._messages.append(msgs)
@@ -309,22 +266,6 @@ def collate_fn(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 arr[i] = value
             batch[key] = arr
     return batch
-
-
-def create_rl_sampler(data_config: Any, dataset: Dataset) -> StatefulSampler:
-    """A :class:`StatefulSampler` from ``data.shuffle`` (default True) and ``data.seed`` (default 0).
-
-    Args:
-        data_config: the ``data`` config section (mapping) or None.
-        dataset: the dataset to sample.
-
-    Returns:
-        The sampler.
-    """
-    data_config = data_config if data_config is not None else {}
-    shuffle = data_config.get("shuffle", True)
-    seed = data_config.get("seed", 0)
-    return StatefulSampler(len(dataset), shuffle=bool(shuffle), seed=int(seed if seed is not None else 0))
 
 
 def create_rl_dataloader(

@@ -3,19 +3,26 @@
 The reference policy is the same class with no optimizer (``compute_log_prob`` only). Batching
 (remove-padding, Ulysses, dynamic micro-batches, global loss normalisation) is shared with the critic
 through :mod:`rlflow.models.forward` and :mod:`rlflow.engine.ppo_loop`.
+
+verl research code subclasses this class and overrides two hooks, which every pass goes through:
+``_forward_micro_batch(micro_batch, temperature, calculate_entropy) -> (entropy, log_probs)`` and
+``_optimizer_step() -> grad_norm``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlflow.algos.common import config_get
+from rlflow.algos.kl import compute_kl_loss
+from rlflow.algos.losses import agg_loss, compute_rollout_is_weights, get_policy_loss_fn
+from rlflow.engine.batching import MicroBatchSpec, UpdateSpec
 from rlflow.engine.ppo_loop import (
     FORWARD_KEYS,
     MetricAccumulator,
     loss_normalisers,
+    optimizer_step,
     response_mask_of,
     run_update,
     select_update_batch,
@@ -23,62 +30,99 @@ from rlflow.engine.ppo_loop import (
 )
 from rlflow.models.forward import forward_micro_batch
 from rlflow.protocol import DataProto
-from rlflow.trainer.ppo.core_algos import agg_loss, compute_kl_loss, get_policy_loss_fn
+from rlflow.utils.torch_functional import masked_mean
+
+if TYPE_CHECKING:
+    from rlflow.config.schema import ActorConfig
 
 __all__ = ["DataParallelPPOActor"]
+
+_WHOLE_PASS = MicroBatchSpec()  # one micro-batch per pass
 
 
 class DataParallelPPOActor:
     """PPO actor (or reference policy) on one data-parallel rank.
 
     Args:
-        config: the actor config (``actor_rollout_ref.actor.*``) with per-rank sizes (see
-            :class:`~rlflow.engine.critic.DataParallelPPOCritic`), plus ``clip_ratio*``,
-            ``policy_loss.loss_mode``, ``entropy_coeff``, ``use_kl_loss``, ``kl_loss_coef``,
-            ``kl_loss_type``, and for ``compute_log_prob``: ``log_prob_micro_batch_size_per_gpu``,
-            ``log_prob_use_dynamic_bsz``, ``log_prob_max_token_len_per_gpu``.
-        actor_module: the causal LM.
+        config: the actor section (``actor_rollout_ref.actor``): loss settings (``clip_ratio*``,
+            ``policy_loss.loss_mode``, ``loss_agg_mode``, ``entropy_coeff``, ``use_kl_loss``,
+            ``kl_loss_coef``, ``kl_loss_type``).
+        actor_module: the causal LM (plain or FSDP-wrapped).
         actor_optimizer: ``None`` for the reference policy.
-        dp_group / sp_group / sync_group: as for the critic.
+        update: per-rank sizes of `update_policy` (`rlflow.engine.batching.actor_update_spec`); None for
+            the reference policy.
+        log_prob: micro-batching of `compute_log_prob`.
+        temperature: log-probs are ``log_softmax(logits / temperature)`` (the rollout's log-prob
+            temperature, `rlflow.rollout.base.logprob_temperature`).
+        use_remove_padding: packed (remove-padding) forwards.
+        dp_group / sp_group / sync_group: data-parallel group (loss normalisers), Ulysses group, and the
+            ranks that run the same number of micro-batches (the FSDP world).
     """
 
     def __init__(
         self,
-        config: Any,
+        config: ActorConfig,
         actor_module: torch.nn.Module,
         actor_optimizer: torch.optim.Optimizer | None = None,
         *,
+        update: UpdateSpec | None = None,
+        log_prob: MicroBatchSpec = _WHOLE_PASS,
+        temperature: float = 1.0,
+        use_remove_padding: bool = False,
         dp_group: Any = None,
         sp_group: Any = None,
         sync_group: Any = None,
     ) -> None:
+        if not temperature > 0:
+            raise ValueError(f"DataParallelPPOActor: temperature must be > 0, got {temperature}")
         self.config = config
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
+        self.update = update
+        self.log_prob = log_prob
+        self.temperature = float(temperature)
+        self.use_remove_padding = bool(use_remove_padding)
         self.dp_group, self.sp_group, self.sync_group = dp_group, sp_group, sync_group
-        self.use_remove_padding = bool(config_get(config, "use_remove_padding", False))
-        self.sp_size = int(config_get(config, "ulysses_sequence_parallel_size", 1) or 1)
         self.skipped_steps = 0
 
-    def _forward(self, micro: Any, temperature: float, calculate_entropy: bool) -> dict[str, torch.Tensor]:
-        return forward_micro_batch(
+    # ---- hooks (verl's names) --------------------------------------------------------------------------
+
+    def _forward_micro_batch(
+        self, micro_batch: Any, temperature: float, calculate_entropy: bool = False
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """One micro-batch forward.
+
+        Args:
+            micro_batch: ``input_ids``, ``attention_mask``, ``position_ids``: (mbs, seqlen); ``responses``:
+                (mbs, response_len).
+            temperature: divides the logits.
+            calculate_entropy: also return the per-token entropy.
+
+        Returns:
+            ``(entropy or None, log_probs)``, each ``(mbs, response_len)``.
+        """
+        out = forward_micro_batch(
             self.actor_module,
-            micro,
+            micro_batch,
             output="log_probs",
             use_remove_padding=self.use_remove_padding,
             sp_group=self.sp_group,
             temperature=temperature,
             calculate_entropy=calculate_entropy,
         )
+        return out.get("entropy"), out["log_probs"]
 
-    def _micro(self, batch: Any, dynamic: bool, micro_bs: Any, max_len: Any) -> Any:
-        return split_micro_batches(
-            batch,
-            use_dynamic_bsz=bool(dynamic),
-            micro_batch_size=micro_bs,
-            max_token_len=None if max_len is None else int(max_len) * self.sp_size,
-            sync_group=self.sync_group,
-        )
+    def _optimizer_step(self) -> float:
+        """Clip the gradient norm and step; skip (clearing the gradients) when it is not finite.
+
+        Returns:
+            The total gradient norm before clipping (non-finite when the step was skipped).
+        """
+        grad_clip = self.update.grad_clip if self.update is not None else 0.0
+        grad_norm, _ = optimizer_step(self.actor_module, self.actor_optimizer, grad_clip)
+        return grad_norm
+
+    # ---- passes ----------------------------------------------------------------------------------------
 
     @torch.no_grad()
     def compute_log_prob(
@@ -88,8 +132,7 @@ class DataParallelPPOActor:
 
         Args:
             data: ``input_ids``, ``attention_mask``, ``position_ids``: (bs, seqlen); ``responses``:
-                (bs, response_len); ``meta_info["temperature"]`` (default 1.0), and optionally
-                ``micro_batch_size``, ``use_dynamic_bsz``, ``max_token_len`` overriding the config.
+                (bs, response_len).
             calculate_entropy: also return the per-token entropy.
 
         Returns:
@@ -97,96 +140,74 @@ class DataParallelPPOActor:
             mask (entropy None unless asked for).
         """
         self.actor_module.eval()
-        meta = data.meta_info
-        temperature = float(meta.get("temperature", 1.0))
         batch = data.batch.select(*[k for k in FORWARD_KEYS if k in data.batch.keys()])
-        micro = self._micro(
-            batch,
-            meta.get("use_dynamic_bsz", config_get(self.config, "log_prob_use_dynamic_bsz", False)),
-            meta.get("micro_batch_size", config_get(self.config, "log_prob_micro_batch_size_per_gpu")),
-            meta.get("max_token_len", config_get(self.config, "log_prob_max_token_len_per_gpu")),
-        )
-        outs = [self._forward(mb, temperature, calculate_entropy) for mb in micro.batches]
+        micro = split_micro_batches(batch, self.log_prob, self.sync_group)
+        outs = [self._forward_micro_batch(mb, self.temperature, calculate_entropy) for mb in micro.batches]
         mask = response_mask_of(data)
-        log_probs = micro.restore([o["log_probs"] for o in outs]) * mask
-        entropy = micro.restore([o["entropy"] for o in outs]) * mask if calculate_entropy else None
+        log_probs = micro.restore([lp for _, lp in outs]) * mask
+        entropy = micro.restore([ent for ent, _ in outs]) * mask if calculate_entropy else None
         return log_probs, entropy
 
-    def update_policy(self, data: DataProto) -> dict[str, float]:
+    def update_policy(self, data: DataProto, step: int = 0) -> dict[str, float]:
         """PPO epochs × mini-batches × micro-batches of the policy loss (plus entropy and KL terms).
 
         Args:
             data: forward keys plus ``old_log_probs``, ``advantages`` (bs, response_len), and
-                ``ref_log_prob`` when ``use_kl_loss``. ``meta_info``: ``temperature``, ``global_steps``.
+                ``ref_log_prob`` when ``use_kl_loss``.
+            step: the training step (seeds the mini-batch shuffle).
 
         Returns:
             Metrics averaged over mini-batches: ``actor/pg_loss``, ``actor/pg_clipfrac``,
             ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``, ``actor/entropy_loss``, ``actor/kl_loss`` (when
             enabled), ``actor/grad_norm``, ``actor/skipped_steps``.
         """
-        if self.actor_optimizer is None:
-            raise RuntimeError("update_policy needs an actor optimizer (the reference policy has none)")
+        if self.actor_optimizer is None or self.update is None:
+            raise RuntimeError(
+                "update_policy needs an actor optimizer and an UpdateSpec (the reference has none)"
+            )
         self.actor_module.train()
-        keys = [*FORWARD_KEYS, "old_log_probs", "advantages", "rollout_is_weights"]
-        if config_get(self.config, "use_kl_loss", False):
+        keys = [*FORWARD_KEYS, "old_log_probs", "advantages"]
+        if self.config.use_kl_loss:
             keys.append("ref_log_prob")
+        if self.config.tis_imp_ratio_cap > 0:
+            if "rollout_log_probs" not in data.batch.keys():
+                raise ValueError(
+                    "actor.tis_imp_ratio_cap > 0 needs rollout_log_probs (rollout.calculate_log_probs)"
+                )
+            keys.append("rollout_log_probs")
         data = select_update_batch(data, keys)
-        temperature = float(data.meta_info.get("temperature", 1.0))
         metrics, skipped = run_update(
-            data,
-            self.config,
-            self.actor_module,
-            self.actor_optimizer,
-            lambda mini, acc: self._accumulate_mini_batch(mini, temperature, acc),
-            self.dp_group,
-            "actor",
+            data, self.update, step, self._accumulate_mini_batch, self._optimizer_step, self.dp_group, "actor"
         )
         self.skipped_steps += skipped
         return metrics
 
-    def _accumulate_mini_batch(self, mini: DataProto, temperature: float, acc: MetricAccumulator) -> None:
+    def _accumulate_mini_batch(self, mini: DataProto, acc: MetricAccumulator) -> None:
         cfg = self.config
         norm = loss_normalisers(mini.batch, self.dp_group)
-        loss_agg_mode = config_get(cfg, "loss_agg_mode", "token-mean")
-        entropy_coeff = float(config_get(cfg, "entropy_coeff", 0.0) or 0.0)
-        use_kl_loss = bool(config_get(cfg, "use_kl_loss", False))
-        policy_loss_fn = get_policy_loss_fn(
-            config_get(config_get(cfg, "policy_loss", {}) or {}, "loss_mode", "vanilla")
-        )
-        micro = self._micro(
-            mini.batch,
-            config_get(cfg, "use_dynamic_bsz", False),
-            config_get(cfg, "ppo_micro_batch_size_per_gpu"),
-            config_get(cfg, "ppo_max_token_len_per_gpu"),
-        )
+        mode, entropy_coeff = cfg.loss_agg_mode, float(cfg.entropy_coeff)
+        policy_loss_fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
+        micro = split_micro_batches(mini.batch, self.update.micro, self.sync_group)
         for mb in micro.batches:
             mask = mb["response_mask"]
-            out = self._forward(mb, temperature, calculate_entropy=entropy_coeff != 0)
+            entropy, log_probs = self._forward_micro_batch(mb, self.temperature, entropy_coeff != 0)
+            is_weights = None
+            if cfg.tis_imp_ratio_cap > 0:
+                is_weights = compute_rollout_is_weights(
+                    mb["old_log_probs"], mb["rollout_log_probs"], mask, cfg.tis_imp_ratio_cap
+                )
+                acc.add("actor/tis_weight_mean", masked_mean(is_weights, mask), weight=float(mask.sum()))
             pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = policy_loss_fn(
-                mb["old_log_probs"],
-                out["log_probs"],
-                mb["advantages"],
-                mask,
-                loss_agg_mode,
-                cfg,
-                mb["rollout_is_weights"] if "rollout_is_weights" in mb.keys() else None,
-                **norm,
+                mb["old_log_probs"], log_probs, mb["advantages"], mask, mode, cfg, is_weights, **norm
             )
             loss = pg_loss
             if entropy_coeff != 0:
-                entropy = agg_loss(out["entropy"], mask, loss_agg_mode, **norm)
-                loss = loss - entropy_coeff * entropy
-                acc.add_rank_share("actor/entropy_loss", entropy)
-            if use_kl_loss:
-                kl = compute_kl_loss(
-                    out["log_probs"],
-                    mb["ref_log_prob"],
-                    mask,
-                    config_get(cfg, "kl_loss_type", "low_var_kl"),
-                    loss_agg_mode,
-                    **norm,
-                )
-                loss = loss + float(config_get(cfg, "kl_loss_coef", 0.0)) * kl
+                entropy_term = agg_loss(entropy, mask, mode, **norm)
+                loss = loss - entropy_coeff * entropy_term
+                acc.add_rank_share("actor/entropy_loss", entropy_term)
+            if cfg.use_kl_loss:
+                kl = compute_kl_loss(log_probs, mb["ref_log_prob"], mask, cfg.kl_loss_type, mode, **norm)
+                loss = loss + float(cfg.kl_loss_coef) * kl
                 acc.add_rank_share("actor/kl_loss", kl)
             loss.backward()
             n_tok = float(mask.sum())

@@ -3,7 +3,7 @@
 A PPO update on one rank walks ``ppo_epochs`` × mini-batches × micro-batches:
 
 * **Mini-batches** (`iter_mini_batches`): the rank's samples split into consecutive mini-batches of
-  ``ppo_mini_batch_size`` samples (per rank), shuffled per epoch by a generator seeded from the
+  `UpdateSpec.samples_per_mini_batch` samples, shuffled per epoch by a generator seeded from the
   config seed, the training step and the epoch — so a resumed run sees the same order.
 * **Micro-batches** (`split_micro_batches`): fixed size, or formed under a token budget
   (``use_dynamic_bsz``; Karmarkar–Karp balanced, the same count on every rank) with the indices to
@@ -11,20 +11,22 @@ A PPO update on one rank walks ``ppo_epochs`` × mini-batches × micro-batches:
 * **Global normalisers** (`global_loss_counts`): the mini-batch's valid-token and sequence counts summed
   over the data-parallel ranks, handed to ``agg_loss`` so every micro-batch loss is scaled as a share of
   the whole mini-batch: the summed gradient equals the one-big-batch gradient (DESIGN invariant 1).
-* **Step** (`optimizer_step`): clip the gradient norm; a non-finite norm skips the optimizer step,
-  clears the gradients and is counted, leaving the weights untouched.
+* **Step** (`optimizer_step`, called through the roles' ``_optimizer_step`` hook): clip the gradient
+  norm; a non-finite norm skips the optimizer step, clears the gradients and is counted, leaving the
+  weights untouched.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from rlflow.engine.batching import MicroBatchSpec, UpdateSpec
 from rlflow.engine.seqlen_balancing import rearrange_micro_batches, restore_order
 from rlflow.parallel.sharded import clip_grad_norm_
 from rlflow.protocol import DataProto
@@ -104,34 +106,29 @@ class MicroBatches:
         return cat if self.indices is None else restore_order(cat, self.indices)
 
 
-def split_micro_batches(
-    batch: Any,
-    *,
-    use_dynamic_bsz: bool,
-    micro_batch_size: int | None,
-    max_token_len: int | None,
-    sync_group: Any = None,
-) -> MicroBatches:
+def split_micro_batches(batch: Any, spec: MicroBatchSpec, sync_group: Any = None) -> MicroBatches:
     """Split a TensorDict of samples into micro-batches.
 
     Args:
         batch: TensorDict with ``attention_mask: (bs, seqlen)``.
-        use_dynamic_bsz: form micro-batches under ``max_token_len`` valid tokens each.
-        micro_batch_size: samples per micro-batch when not dynamic; the last one holds the remainder
-            (losses are normalised by global counts, so unequal micro-batches give the same gradient,
-            and every rank has the same number of samples, hence the same number of micro-batches).
-        max_token_len: token budget per micro-batch when dynamic (already multiplied by the SP size).
+        spec: a fixed number of samples per micro-batch (the last one holds the remainder: losses are
+            normalised by global counts, so unequal micro-batches give the same gradient, and every rank
+            has the same number of samples, hence of micro-batches), or a token budget (balanced; the
+            same count on every rank of ``sync_group``).
         sync_group: ranks that must run the same number of micro-batches (every rank of the FSDP mesh).
     """
-    if use_dynamic_bsz:
-        if not max_token_len:
+    if spec.use_dynamic_bsz:
+        if not spec.max_tokens_per_rank:
             raise ValueError("use_dynamic_bsz=True needs ppo_max_token_len_per_gpu (token budget) to be set")
-        batches, indices = rearrange_micro_batches(batch, max_token_len=max_token_len, dp_group=sync_group)
+        batches, indices = rearrange_micro_batches(
+            batch, max_token_len=spec.max_tokens_per_rank, dp_group=sync_group
+        )
         return MicroBatches(batches, indices)
     bs = batch.batch_size[0]
-    if not micro_batch_size or micro_batch_size <= 0:
-        raise ValueError(f"micro_batch_size_per_gpu must be a positive integer, got {micro_batch_size}")
-    return MicroBatches(list(batch.split(min(int(micro_batch_size), bs))))
+    size = spec.samples_per_micro_batch or bs
+    if size <= 0:
+        raise ValueError(f"micro_batch_size_per_gpu must be a positive integer, got {size}")
+    return MicroBatches(list(batch.split(min(int(size), bs))))
 
 
 def global_loss_counts(response_mask: torch.Tensor, dp_group: Any = None) -> tuple[float, float]:
@@ -238,35 +235,37 @@ def loss_normalisers(mini_batch: Any, dp_group: Any = None) -> dict[str, Any]:
 
 def run_update(
     data: DataProto,
-    config: Any,
-    module: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    accumulate: Any,
+    spec: UpdateSpec,
+    step: int,
+    accumulate: Callable[[DataProto, MetricAccumulator], None],
+    optimizer_step: Callable[[], float],
     dp_group: Any,
     prefix: str,
 ) -> tuple[dict[str, float], int]:
-    """``ppo_epochs`` × mini-batches of ``accumulate(mini_batch, acc)`` (forward + backward of its
-    micro-batches), each followed by `optimizer_step`.
+    """``spec.epochs`` × mini-batches of ``accumulate(mini_batch, acc)`` (forward + backward of its
+    micro-batches), each followed by ``optimizer_step()`` (clip, step or skip; returns the norm).
+
+    Args:
+        data: this rank's samples.
+        spec: sizes and schedule of the update.
+        step: the training step (seeds the mini-batch shuffle with ``spec.seed``).
+        accumulate: forward and backward of one mini-batch's micro-batches.
+        optimizer_step: the role's ``_optimizer_step`` hook; a non-finite return means "skipped".
+        dp_group: the data-parallel ranks metrics are reduced over.
+        prefix: metric prefix (``actor`` / ``critic``).
 
     Returns:
         Metrics averaged over mini-batches, including ``<prefix>/grad_norm`` and
         ``<prefix>/skipped_steps``, and the number of skipped (non-finite) steps.
     """
-    from rlflow.algos.common import config_get
-
-    seed = int(config_get(config, "seed", 0)) + int(data.meta_info.get("global_steps", 0))
     acc, skipped = MetricAccumulator(), 0
-    mini_iter = iter_mini_batches(
-        data,
-        int(config_get(config, "ppo_mini_batch_size")),
-        int(config_get(config, "ppo_epochs", 1)),
-        bool(config_get(config, "shuffle", False)),
-        seed,
+    batches = iter_mini_batches(
+        data, spec.samples_per_mini_batch, spec.epochs, spec.shuffle, spec.seed + step
     )
-    for _, mini in mini_iter:
+    for _, mini in batches:
         accumulate(mini, acc)
-        grad_norm, stepped = optimizer_step(module, optimizer, config_get(config, "grad_clip"))
-        skipped += int(not stepped)
+        grad_norm = float(optimizer_step())
+        skipped += int(not math.isfinite(grad_norm))
         acc.end_mini_batch(dp_group, extra={f"{prefix}/grad_norm": grad_norm})
     metrics = acc.means()
     metrics[f"{prefix}/skipped_steps"] = float(skipped)

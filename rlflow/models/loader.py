@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from rlflow.models.tiny import resolve_model_path
+from rlflow.utils.dtypes import to_torch_dtype
 
 __all__ = [
     "ATTN_IMPLEMENTATIONS",
@@ -38,15 +39,6 @@ logger = logging.getLogger(__name__)
 
 ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "eager", "flash_attention_2", "ulysses_sdpa")
 """Names accepted by :func:`resolve_attn_implementation`."""
-
-_DTYPES = {
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-}
 
 
 def flash_attn_available() -> bool:
@@ -84,11 +76,7 @@ def resolve_attn_implementation(name: str | None = "auto") -> str:
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """``"bf16"`` / ``"bfloat16"`` / ``"fp16"`` / ``"float16"`` / ``"fp32"`` / ``"float32"`` or a dtype -> dtype."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype={dtype!r} is not one of {sorted(_DTYPES)}")
-    return _DTYPES[dtype]
+    return to_torch_dtype(dtype)
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str | None = None) -> Any:

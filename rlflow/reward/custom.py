@@ -11,36 +11,17 @@ unpickling, so it can be sent to scoring processes and Ray workers.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import inspect
 import os
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from rlflow.utils.import_utils import load_function
 
 __all__ = ["SCORE_ARGUMENTS", "CustomRewardFunction", "get_custom_reward_fn", "load_custom_reward_fn"]
 
 SCORE_ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
 """Keyword arguments every score function receives."""
-
-
-def _import_file(path: str) -> Any:
-    """Import a Python file as a fresh module (named after a hash of its path)."""
-    module_name = "rlflow_custom_reward_" + hashlib.sha1(path.encode()).hexdigest()[:12]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ValueError(f"custom_reward_function.path={path!r}: not an importable Python file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        sys.modules.pop(module_name, None)
-        raise ValueError(
-            f"custom_reward_function.path={path!r}: importing it failed: {type(exc).__name__}: {exc}"
-        ) from exc
-    return module
 
 
 def check_signature(fn: Callable[..., Any], label: str, reward_kwargs: Mapping[str, Any]) -> None:
@@ -86,14 +67,7 @@ class CustomRewardFunction:
         self._fn = self._load()
 
     def _load(self) -> Callable[..., Any]:
-        if not os.path.isfile(self.path):
-            raise ValueError(f"custom_reward_function.path={self.path!r}: file not found")
-        module = _import_file(self.path)
-        fn = getattr(module, self.name, None)
-        if fn is None:
-            raise ValueError(f"custom_reward_function.name={self.name!r}: no such attribute in {self.path!r}")
-        if not callable(fn):
-            raise ValueError(f"custom_reward_function.name={self.name!r} in {self.path!r} is not callable")
+        fn = load_function(self.path, self.name, "custom_reward_function")
         check_signature(fn, self.label, self.reward_kwargs)
         return fn
 
@@ -130,17 +104,12 @@ def load_custom_reward_fn(
     return CustomRewardFunction(path, name, reward_kwargs)
 
 
-def get_custom_reward_fn(config: Mapping[str, Any] | None) -> CustomRewardFunction | None:
-    """The function named by ``config["custom_reward_function"]`` (path, name, reward_kwargs), or None.
+def get_custom_reward_fn(section: Any) -> CustomRewardFunction | None:
+    """The function named by the ``custom_reward_function`` section, or None when its ``path`` is unset.
 
     Args:
-        config: the trainer config (mapping / OmegaConf) or None.
-
-    Returns:
-        None when ``custom_reward_function.path`` is unset.
+        section: the section (``path``, ``name``, ``reward_kwargs``).
     """
-    section = (config or {}).get("custom_reward_function") or {}
-    path = section.get("path")
-    if not path:
+    if not section.path:
         return None
-    return load_custom_reward_fn(path, section.get("name") or "compute_score", section.get("reward_kwargs"))
+    return load_custom_reward_fn(section.path, section.name or "compute_score", section.reward_kwargs)

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import importlib
 
-from rlflow.rollout.base import BaseRollout, RolloutConfig, SamplingParams, ValKwargs
+from rlflow.rollout.base import BaseRollout, SamplingParams
 
 __all__ = [
     "ROLLOUT_CLASSES",
     "BaseRollout",
-    "RolloutConfig",
     "SamplingParams",
-    "ValKwargs",
     "get_rollout_class",
 ]
 

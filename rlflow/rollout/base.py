@@ -2,9 +2,9 @@
 
 A rollout turns a batch of left-padded prompts into responses. Engines (`HFRollout` in ``hf.py``,
 ``VLLMRollout`` in ``vllm.py``) differ only in how they decode; they read the same
-``actor_rollout_ref.rollout`` config (`RolloutConfig`), resolve the same per-call sampling
-parameters (`resolve_sampling_params`) and return the same verl-format batch
-(`build_rollout_output`).
+``actor_rollout_ref.rollout`` section (`rlflow.config.schema.RolloutSection`, validated with the rest of
+the config), resolve the same per-call sampling parameters (`resolve_sampling_params`) and return the
+same verl-format batch (`build_rollout_output`).
 
 Output keys (``bs`` prompts, ``n`` samples each, rows interleaved: prompt 0 sample 0..n-1, prompt 1 ...):
 
@@ -20,23 +20,23 @@ Output keys (``bs`` prompts, ``n`` samples each, rows interleaved: prompt 0 samp
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlflow.protocol import DataProto
 from rlflow.utils.torch_functional import get_response_mask
 
+if TYPE_CHECKING:
+    from rlflow.config.schema import RolloutSection
+
 __all__ = [
     "ROLLOUT_KEY",
     "BaseRollout",
-    "RolloutConfig",
     "SamplingParams",
-    "ValKwargs",
     "build_rollout_output",
     "logprob_temperature",
     "resolve_sampling_params",
@@ -47,6 +47,8 @@ ROLLOUT_KEY = "actor_rollout_ref.rollout"
 
 _OVERRIDE_KEYS = ("temperature", "top_p", "top_k", "do_sample", "n", "response_length")
 """Sampling fields that ``meta_info`` may override for one call."""
+_VAL_KEYS = ("temperature", "top_p", "top_k", "do_sample", "n")
+"""Fields of ``val_kwargs``."""
 
 
 def _check_number(key: str, value: Any, kind: type, minimum: float | None = None) -> None:
@@ -80,151 +82,6 @@ def _check_sampling(prefix: str, values: Mapping[str, Any]) -> None:
                 raise ValueError(f"{key}={value!r} must be in (0, 1]")
         elif name in checks:
             checks[name](key, value)
-
-
-def _to_plain_dict(values: Any, key: str) -> dict[str, Any]:
-    """A plain dict from a Mapping or an OmegaConf ``DictConfig`` (resolved)."""
-    if values is None:
-        return {}
-    if hasattr(values, "_metadata") and hasattr(values, "items"):  # DictConfig without importing omegaconf
-        from omegaconf import OmegaConf
-
-        values = OmegaConf.to_container(values, resolve=True)
-    if not isinstance(values, Mapping):
-        raise ValueError(f"{key} must be a mapping, got {type(values).__name__}")
-    return dict(values)
-
-
-def _from_mapping(cls: type, values: Any, key: str) -> Any:
-    """Build dataclass ``cls`` from ``values``; an unknown key raises ``ValueError`` naming its path."""
-    data = _to_plain_dict(values, key)
-    names = {f.name for f in dataclasses.fields(cls)}
-    for name in data:
-        if name not in names:
-            raise ValueError(f"unknown config key {key}.{name} (known keys: {sorted(names)})")
-    return cls(**data)
-
-
-@dataclass
-class ValKwargs:
-    """Sampling used when ``meta_info["validate"]`` is true (``actor_rollout_ref.rollout.val_kwargs``).
-
-    Greedy decoding by default, so validation scores are deterministic.
-
-    Attributes:
-        temperature: softmax temperature (0 with ``do_sample=False`` is greedy).
-        top_p: nucleus mass (1.0 = off).
-        top_k: keep the k most likely tokens (-1 or 0 = off).
-        do_sample: sample (True) or take the argmax (False).
-        n: samples per prompt.
-    """
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = -1
-    do_sample: bool = False
-    n: int = 1
-
-    def __post_init__(self) -> None:
-        _check_sampling(f"{ROLLOUT_KEY}.val_kwargs", dataclasses.asdict(self))
-
-
-@dataclass
-class RolloutConfig:
-    """``actor_rollout_ref.rollout``: one typed owner for every rollout knob (verl names).
-
-    Attributes:
-        name: engine, ``"hf"`` (embedded default) or ``"vllm"`` (GPU extra).
-        temperature: softmax temperature; 0 means greedy (as in vLLM).
-        top_p: nucleus sampling mass, in (0, 1]; 1.0 = off (Holtzman et al. 2019, arXiv:1904.09751).
-        top_k: keep the k most likely tokens; -1 (or 0) = off.
-        do_sample: sample (True) or greedy argmax (False).
-        n: samples per prompt (GRPO group size); rows are interleaved per prompt.
-        response_length: maximum generated tokens per sample (the width of ``responses``).
-        prompt_length: maximum prompt width; wider prompts raise ``ValueError``.
-        micro_batch_size: rows (after the ``n`` repeat) decoded together; None = the whole batch.
-        seed: base seed of the sampling noise (see ``hf.py`` for how rows get their own stream).
-        calculate_log_probs: also return ``rollout_log_probs``.
-        free_cache_engine: HF: drop the gathered generation replica after each call (True) or keep its
-            memory for the next call (False; weights are re-copied every call either way).
-            vLLM: sleep the engine after each call.
-        dtype: dtype of the HF generation replica / vLLM engine (``"float32"``, ``"bfloat16"``, ...);
-            None keeps the dtype of the actor's parameters.
-        val_kwargs: sampling used for validation batches.
-        tensor_model_parallel_size: vLLM only: tensor-parallel size of the engine.
-        gpu_memory_utilization: vLLM only: fraction of GPU memory the engine may take.
-        enforce_eager: vLLM only: disable CUDA graphs.
-        max_num_batched_tokens: vLLM only: scheduler token budget per step.
-        max_num_seqs: vLLM only: scheduler sequence budget per step.
-        max_model_len: vLLM only: context length; None = ``prompt_length + response_length``.
-        enable_chunked_prefill: vLLM only.
-        log_prob_micro_batch_size: accepted for verl compatibility (read by the worker's
-            ``compute_log_prob``, not by the rollout).
-        log_prob_micro_batch_size_per_gpu: idem.
-        log_prob_use_dynamic_bsz: idem.
-        log_prob_max_token_len_per_gpu: idem.
-    """
-
-    name: str = "hf"
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    do_sample: bool = True
-    n: int = 1
-    response_length: int = 512
-    prompt_length: int = 512
-    micro_batch_size: int | None = None
-    seed: int = 0
-    calculate_log_probs: bool = False
-    free_cache_engine: bool = True
-    dtype: str | None = None
-    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
-    tensor_model_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.5
-    enforce_eager: bool = True
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 1024
-    max_model_len: int | None = None
-    enable_chunked_prefill: bool = True
-    log_prob_micro_batch_size: int | None = None
-    log_prob_micro_batch_size_per_gpu: int | None = None
-    log_prob_use_dynamic_bsz: bool = False
-    log_prob_max_token_len_per_gpu: int = 16384
-
-    def __post_init__(self) -> None:
-        if isinstance(self.val_kwargs, Mapping) or hasattr(self.val_kwargs, "_metadata"):
-            self.val_kwargs = _from_mapping(ValKwargs, self.val_kwargs, f"{ROLLOUT_KEY}.val_kwargs")
-        self.validate()
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any] | Any | None) -> RolloutConfig:
-        """Build from a mapping (or OmegaConf node); an unknown key raises ``ValueError`` naming it.
-
-        Args:
-            values: the ``actor_rollout_ref.rollout`` section; missing keys keep their defaults.
-
-        Returns:
-            The validated config.
-        """
-        return _from_mapping(cls, values, ROLLOUT_KEY)
-
-    def validate(self) -> None:
-        """Raise ``ValueError`` naming the key (``actor_rollout_ref.rollout.<key>``) of a bad value."""
-        k = ROLLOUT_KEY
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"{k}.name={self.name!r} must be a non-empty string")
-        _check_sampling(k, {f: getattr(self, f) for f in _OVERRIDE_KEYS})
-        _check_number(f"{k}.prompt_length", self.prompt_length, int, 1)
-        _check_number(f"{k}.seed", self.seed, int)
-        if self.micro_batch_size is not None:
-            _check_number(f"{k}.micro_batch_size", self.micro_batch_size, int, 1)
-        for name in ("calculate_log_probs", "free_cache_engine", "enforce_eager", "enable_chunked_prefill"):
-            _check_bool(f"{k}.{name}", getattr(self, name))
-        _check_number(f"{k}.tensor_model_parallel_size", self.tensor_model_parallel_size, int, 1)
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(f"{k}.gpu_memory_utilization={self.gpu_memory_utilization!r} must be in (0, 1]")
-        if self.dtype is not None and not isinstance(self.dtype, str):
-            raise ValueError(f"{k}.dtype={self.dtype!r} must be a dtype name such as 'bfloat16' or null")
 
 
 @dataclass(frozen=True)
@@ -267,20 +124,20 @@ def logprob_temperature(temperature: float) -> float:
     return float(temperature) if temperature > 0 else 1.0
 
 
-def resolve_sampling_params(config: RolloutConfig, meta_info: Mapping[str, Any]) -> SamplingParams:
+def resolve_sampling_params(config: RolloutSection, meta_info: Mapping[str, Any]) -> SamplingParams:
     """Sampling parameters of one call: config, then ``val_kwargs`` if validating, then ``meta_info``.
 
     Args:
-        config: the rollout config.
+        config: the ``actor_rollout_ref.rollout`` section.
         meta_info: the prompts' meta info; ``validate`` selects ``config.val_kwargs``; any of
             ``temperature``, ``top_p``, ``top_k``, ``do_sample``, ``n``, ``response_length`` overrides.
 
     Returns:
-        The resolved `SamplingParams` (validated; a bad override raises ``ValueError`` naming it).
+        The resolved `SamplingParams` (a bad override raises ``ValueError`` naming it).
     """
     values = {name: getattr(config, name) for name in _OVERRIDE_KEYS}
     if meta_info.get("validate", False):
-        values.update(dataclasses.asdict(config.val_kwargs))
+        values.update({name: getattr(config.val_kwargs, name) for name in _VAL_KEYS})
     overrides = {name: meta_info[name] for name in _OVERRIDE_KEYS if name in meta_info}
     _check_sampling("meta_info", overrides)
     values.update(overrides)

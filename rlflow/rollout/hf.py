@@ -13,13 +13,10 @@ How one ``generate_sequences`` call runs:
    common-padding-trimmed) prompts, then one forward per new token. Finished rows emit the pad id.
    ``scripts/bench/bench_generate.py`` compares it with ``model.generate``; numbers in
    ``docs/rollout.md``.
-3. **Sampling.** ``logits / temperature`` → top-k → top-p (nucleus, Holtzman et al. 2019,
-   arXiv:1904.09751) → inverse-CDF sampling with one uniform per row and step. The uniforms come from a
-   counter-based hash (the idea of Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3")
-   of ``(seed, step id, row index in the whole batch, token position)``: a row's samples do not depend on
-   which other rows share its micro-batch or its rank, so neither ``micro_batch_size`` nor the
-   data-parallel size changes the output. The step id
-   is ``meta_info["global_steps"]`` when present (exact on resume), else a per-engine call counter.
+3. **Sampling** (`rlflow.rollout.sampling`): temperature, top-k, top-p, then inverse-CDF sampling with
+   counter-based uniforms keyed by ``(seed, step id, row index in the whole batch, token position)``.
+   The step id is ``meta_info["global_steps"]`` when present (exact on resume), else a per-engine call
+   counter.
 4. **Log-probs** (``calculate_log_probs``): ``log_softmax(logits / temperature)`` at the sampled token,
    taken *before* top-k / top-p, i.e. the same quantity the trainer's ``compute_log_prob`` computes
    from ``logits / temperature``. Greedy decoding with ``temperature == 0`` uses temperature 1.
@@ -31,7 +28,7 @@ import contextlib
 import copy
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -45,171 +42,20 @@ from rlflow.protocol import DataProto
 from rlflow.rollout.base import (
     ROLLOUT_KEY,
     BaseRollout,
-    RolloutConfig,
     SamplingParams,
     build_rollout_output,
     normalize_token_ids,
     resolve_sampling_params,
 )
+from rlflow.rollout.sampling import row_keys, sample_next_token
+from rlflow.utils.dtypes import to_torch_dtype
 
-__all__ = [
-    "HFRollout",
-    "apply_top_k",
-    "apply_top_p",
-    "build_generation_replica",
-    "counter_uniform",
-    "decode",
-    "row_keys",
-    "sample_next_token",
-    "sync_replica_weights",
-]
+if TYPE_CHECKING:
+    from rlflow.config.schema import RolloutSection
 
-_DTYPES = {
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-}
+__all__ = ["HFRollout", "build_generation_replica", "decode", "sync_replica_weights"]
+
 _ATTN_FOR_REPLICA = ("eager", "sdpa", "flash_attention_2", "flash_attention_3")
-
-# ------------------------------------------------------------------------------------- counter-based RNG
-
-_M32 = 0xFFFFFFFF
-
-
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """``(x * c) mod 2**32`` for ``x`` in ``[0, 2**32)`` without int64 overflow (split ``c`` in 16-bit halves)."""
-    lo, hi = c & 0xFFFF, c >> 16
-    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _M32
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer mixer (xorshift-multiply rounds; constants from C. Wellons' hash prospector)."""
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
-
-
-def _combine(h: torch.Tensor, value: int | torch.Tensor) -> torch.Tensor:
-    """Hash ``value`` into the running 32-bit hash ``h``."""
-    return _mix32(
-        h ^ _mix32((torch.as_tensor(value, dtype=torch.int64, device=h.device) + 0x9E3779B9) & _M32)
-    )
-
-
-def row_keys(
-    seed: int, step: int, first_row: int, num_rows: int, device: torch.device | str = "cpu"
-) -> torch.Tensor:
-    """32-bit sampling keys of rows ``first_row .. first_row + num_rows - 1`` of one step's batch.
-
-    A key depends on the row's index in the *whole* batch (after the ``n`` repeat), not on the rank
-    that decodes it, so any data-parallel split of the batch samples the same tokens.
-
-    Args:
-        seed: ``actor_rollout_ref.rollout.seed`` (any Python int; its low and high 32 bits are used).
-        step: step id of the call (``global_steps`` or the call counter).
-        first_row: index of this call's first row in the whole batch (``dp_rank × rows per rank``).
-        num_rows: rows of the call after the ``n`` repeat.
-        device: device of the keys.
-
-    Returns:
-        ``(num_rows,)`` int64 keys in ``[0, 2**32)``.
-    """
-    h = torch.zeros((), dtype=torch.int64, device=device)
-    for part in (seed & _M32, (seed >> 32) & _M32, step & _M32):
-        h = _combine(h, part)
-    rows = torch.arange(first_row, first_row + num_rows, device=device)
-    return _combine(h.expand(num_rows), rows)
-
-
-def counter_uniform(keys: torch.Tensor, position: int) -> torch.Tensor:
-    """Uniforms in ``[0, 1)`` with 53 random bits, a pure function of ``(key, position)``.
-
-    Args:
-        keys: ``(rows,)`` int64 row keys from `row_keys`.
-        position: index of the generated token.
-
-    Returns:
-        ``(rows,)`` float64.
-    """
-    h1 = _combine(keys, position)
-    h2 = _combine(h1, 0x5BD1E995)
-    bits = (h1 << 21) | (h2 >> 11)  # 32 + 21 = 53 bits, exact in float64
-    return bits.to(torch.float64) * (2.0**-53)
-
-
-# ------------------------------------------------------------------------------------- sampling
-
-
-def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
-    """Set every logit below the ``top_k``-th largest of its row to ``-inf`` (ties kept; ``<= 0`` = off).
-
-    Args:
-        logits: ``(rows, vocab)``.
-        top_k: tokens to keep per row.
-
-    Returns:
-        ``(rows, vocab)`` filtered logits.
-    """
-    if top_k <= 0 or top_k >= logits.shape[-1]:
-        return logits
-    kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-    return logits.masked_fill(logits < kth, float("-inf"))
-
-
-def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Nucleus filter: keep the most likely tokens until their mass reaches ``top_p`` (Holtzman et al. 2019).
-
-    A token is kept when the mass of the tokens ranked strictly above it is below ``top_p``, so the
-    token that crosses the threshold is kept and the top token always is.
-
-    Args:
-        logits: ``(rows, vocab)``.
-        top_p: mass in ``(0, 1]``; 1.0 = off.
-
-    Returns:
-        ``(rows, vocab)`` filtered logits.
-    """
-    if top_p >= 1.0:
-        return logits
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    probs = sorted_logits.softmax(dim=-1)
-    mass_above = probs.cumsum(dim=-1) - probs
-    drop_sorted = mass_above >= top_p
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))
-
-
-def sample_next_token(
-    logits: torch.Tensor, params: SamplingParams, keys: torch.Tensor, position: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick the next token of every row and its log-prob under ``log_softmax(logits / T)``.
-
-    Args:
-        logits: ``(rows, vocab)`` float32 next-token logits.
-        params: sampling parameters (greedy when ``params.greedy``).
-        keys: ``(rows,)`` row keys (`row_keys`); unused when greedy.
-        position: index of the token being generated (selects the uniform).
-
-    Returns:
-        ``tokens``: ``(rows,)`` int64; ``log_probs``: ``(rows,)`` float32, log-prob of each token under
-        ``logits / params.logprob_temperature`` before top-k / top-p.
-    """
-    scaled = logits / params.logprob_temperature
-    if params.greedy:
-        tokens = logits.argmax(dim=-1)
-    else:
-        filtered = apply_top_p(apply_top_k(scaled, params.top_k), params.top_p)
-        cdf = filtered.softmax(dim=-1).to(torch.float64).cumsum(dim=-1)
-        target = counter_uniform(keys, position).unsqueeze(-1) * cdf[:, -1:]
-        tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
-    log_probs = scaled.log_softmax(dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    return tokens, log_probs
-
 
 # ------------------------------------------------------------------------------------- decoding
 
@@ -429,22 +275,27 @@ class HFRollout(BaseRollout):
     Args:
         module: the actor model: a plain HF causal LM, an FSDP2 ``fully_shard``-ed one, or an FSDP1
             wrapper around one.
-        config: ``actor_rollout_ref.rollout`` (`RolloutConfig` or a mapping for `RolloutConfig.from_dict`).
+        config: the ``actor_rollout_ref.rollout`` section.
         tokenizer: supplies ``eos_token_id`` / ``pad_token_id`` when ``meta_info`` does not.
         dp_rank: data-parallel rank; with equal chunks per rank it gives this rank's first row in the
             whole batch (see `row_keys`). None = the process-group rank.
+        compute_dtype: dtype of the generation replica when ``config.dtype`` is null: the dtype the
+            actor computes in (its FSDP ``param_dtype``), so generation and training see the same
+            numerics; None = the dtype of the module's parameters.
     """
 
     def __init__(
         self,
         module: nn.Module,
-        config: RolloutConfig | Mapping[str, Any],
+        config: RolloutSection,
         tokenizer: Any = None,
         *,
         dp_rank: int | None = None,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         self.module = module
-        self.config = config if isinstance(config, RolloutConfig) else RolloutConfig.from_dict(config)
+        self.config = config
+        self.compute_dtype = compute_dtype
         self.tokenizer = tokenizer
         self.dp_rank = get_rank() if dp_rank is None else dp_rank
         self.sharded = _is_sharded(module)
@@ -479,12 +330,9 @@ class HFRollout(BaseRollout):
     # ---- weights ------------------------------------------------------------------------------------
 
     def _replica_dtype(self) -> torch.dtype | None:
-        name = self.config.dtype
-        if name is None:
-            return None
-        if name not in _DTYPES:
-            raise ValueError(f"{ROLLOUT_KEY}.dtype={name!r} must be one of {sorted(_DTYPES)} or null")
-        return _DTYPES[name]
+        if self.config.dtype is None:
+            return self.compute_dtype
+        return to_torch_dtype(self.config.dtype, f"{ROLLOUT_KEY}.dtype")
 
     @contextlib.contextmanager
     def generation_model(self) -> Iterator[nn.Module]:

@@ -28,13 +28,12 @@ from rlflow.parallel.distributed import get_rank
 from rlflow.protocol import DataProto
 from rlflow.rollout.base import (
     BaseRollout,
-    RolloutConfig,
     SamplingParams,
     build_rollout_output,
     normalize_token_ids,
     resolve_sampling_params,
 )
-from rlflow.rollout.hf import row_keys
+from rlflow.rollout.sampling import row_keys
 
 try:
     import vllm
@@ -44,7 +43,7 @@ except ImportError as _exc:  # the optional extra is missing
     vllm = None
     _VLLM_IMPORT_ERROR = _exc
 
-__all__ = ["INSTALL_HINT", "VLLMRollout", "to_vllm_sampling_kwargs"]
+__all__ = ["INSTALL_HINT", "VLLMRollout", "to_vllm_sampling_kwargs", "vllm_engine_kwargs"]
 
 INSTALL_HINT = "pip install rlflow[vllm]"
 
@@ -74,6 +73,33 @@ def to_vllm_sampling_kwargs(params: SamplingParams, seed: int, calculate_log_pro
     return kwargs
 
 
+def vllm_engine_kwargs(config: Any, model_path: str) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.LLM`` from the ``actor_rollout_ref.rollout`` section.
+
+    Args:
+        config: the rollout section.
+        model_path: the HF model directory (architecture and config; the weights come from the actor).
+
+    Returns:
+        A dict for ``vllm.LLM(**kwargs)``.
+    """
+    return {
+        "model": model_path,
+        "tensor_parallel_size": config.tensor_model_parallel_size,
+        "dtype": config.dtype or "auto",
+        "gpu_memory_utilization": config.gpu_memory_utilization,
+        "enforce_eager": config.enforce_eager,
+        "max_model_len": config.max_model_len or config.prompt_length + config.response_length,
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "enable_chunked_prefill": config.enable_chunked_prefill,
+        "enable_sleep_mode": config.free_cache_engine,
+        "load_format": "dummy",
+        "skip_tokenizer_init": True,
+        "seed": config.seed,
+    }
+
+
 def _full_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, full tensor)`` one parameter at a time (an all-gather per DTensor: collective)."""
     for name, param in module.named_parameters():
@@ -85,7 +111,7 @@ class VLLMRollout(BaseRollout):
 
     Args:
         module: the actor (plain or FSDP2) whose weights the engine serves.
-        config: ``actor_rollout_ref.rollout`` (`RolloutConfig` or a mapping).
+        config: the ``actor_rollout_ref.rollout`` section.
         tokenizer: supplies ``eos_token_id`` / ``pad_token_id`` when ``meta_info`` does not.
         model_path: the HF model directory (architecture and config for the engine).
         dp_rank: data-parallel rank mixed into the row seeds; None = the process-group rank.
@@ -97,7 +123,7 @@ class VLLMRollout(BaseRollout):
     def __init__(
         self,
         module: nn.Module,
-        config: RolloutConfig | Mapping[str, Any],
+        config: Any,
         tokenizer: Any = None,
         *,
         model_path: str | None = None,
@@ -109,27 +135,13 @@ class VLLMRollout(BaseRollout):
                 "Use actor_rollout_ref.rollout.name=hf to generate without it."
             ) from _VLLM_IMPORT_ERROR
         self.module = module
-        self.config = config if isinstance(config, RolloutConfig) else RolloutConfig.from_dict(config)
+        self.config = config
         self.tokenizer = tokenizer
         self.dp_rank = get_rank() if dp_rank is None else dp_rank
         if model_path is None:
             raise ValueError("VLLMRollout needs model_path (actor_rollout_ref.model.path)")
         cfg = self.config
-        self.engine = vllm.LLM(
-            model=model_path,
-            tensor_parallel_size=cfg.tensor_model_parallel_size,
-            dtype=cfg.dtype or "auto",
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            enforce_eager=cfg.enforce_eager,
-            max_model_len=cfg.max_model_len or cfg.prompt_length + cfg.response_length,
-            max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            enable_chunked_prefill=cfg.enable_chunked_prefill,
-            enable_sleep_mode=cfg.free_cache_engine,
-            load_format="dummy",
-            skip_tokenizer_init=True,
-            seed=cfg.seed,
-        )
+        self.engine = vllm.LLM(**vllm_engine_kwargs(cfg, model_path))
         self._num_calls = 0
         if cfg.free_cache_engine:
             self.engine.sleep(level=1)

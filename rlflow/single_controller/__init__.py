@@ -2,7 +2,6 @@
 
 from rlflow.single_controller.decorator import (
     Dispatch,
-    Execute,
     MeshDispatch,
     make_nd_compute_dataproto_dispatch_fn,
     register,
@@ -14,7 +13,6 @@ from rlflow.single_controller.worker_group import RayClassWithInitArgs, RayWorke
 
 __all__ = [
     "Dispatch",
-    "Execute",
     "MeshDispatch",
     "RayClassWithInitArgs",
     "RayResourcePool",

@@ -1,21 +1,15 @@
 """``@register``: how a worker method's arguments are split over a worker group and its results joined.
 
 A method of a :class:`~rlflow.single_controller.worker.Worker` subclass decorated with
-``@register(dispatch_mode=..., execute_mode=..., blocking=...)`` becomes a method of the worker *group*:
-the driver calls ``group.method(data)`` once, the dispatch function turns the arguments into one set
-per rank, every selected rank runs the method, and the collect function turns the per-rank results
-back into one value.
+``@register(dispatch_mode=..., blocking=...)`` becomes a method of the worker *group*: the driver calls
+``group.method(data)`` once, the dispatch function turns the arguments into one set per rank, every rank
+runs the method, and the collect function turns the per-rank results back into one value.
 
-Dispatch modes:
+Dispatch modes (verl's names; the ones rlflow's workers use):
 
 * ``ONE_TO_ALL``: every rank gets the same arguments; the result is the list of per-rank results.
-* ``ALL_TO_ALL``: arguments pass through unchanged (each is expected to be a per-rank list already).
-* ``RANK_ZERO``: only rank 0 runs; its result is returned.
-* ``DP_COMPUTE``: arguments are per-rank lists; results are the per-rank list.
 * ``DP_COMPUTE_PROTO``: ``DataProto`` / ``DataProtoFuture`` arguments are padded to a multiple of the
   world size and chunked by rank; results are concatenated and the padding stripped.
-* ``DP_COMPUTE_PROTO_WITH_FUNC``: the first argument is a function sent to every rank, the rest as in
-  ``DP_COMPUTE_PROTO``.
 * :func:`make_nd_compute_dataproto_dispatch_fn` (mesh-aware): data is chunked by the *data-parallel*
   rank a worker registered for a named mesh; sequence-parallel peers receive the same object (stored
   once), every rank runs, and only the ranks that registered as *collect* ranks are gathered.
@@ -47,17 +41,10 @@ DROP_OUTPUT_KWARG = "_rlflow_drop_output"
 
 
 class Dispatch(Enum):
+    """How a group method's arguments are split over the ranks (module docstring)."""
+
     ONE_TO_ALL = "one_to_all"
-    ALL_TO_ALL = "all_to_all"
-    RANK_ZERO = "rank_zero"
-    DP_COMPUTE = "dp_compute"
     DP_COMPUTE_PROTO = "dp_compute_proto"
-    DP_COMPUTE_PROTO_WITH_FUNC = "dp_compute_proto_with_func"
-
-
-class Execute(Enum):
-    ALL = "all"
-    RANK_ZERO = "rank_zero"
 
 
 @dataclass(frozen=True)
@@ -75,13 +62,11 @@ def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> MeshDispatch:
 @dataclass(frozen=True)
 class MethodSpec:
     dispatch_mode: Dispatch | MeshDispatch
-    execute_mode: Execute
     blocking: bool
 
 
 def register(
-    dispatch_mode: Dispatch | MeshDispatch = Dispatch.ALL_TO_ALL,
-    execute_mode: Execute = Execute.ALL,
+    dispatch_mode: Dispatch | MeshDispatch = Dispatch.ONE_TO_ALL,
     blocking: bool = True,
     materialize_futures: bool = True,
 ) -> Callable:
@@ -89,14 +74,11 @@ def register(
 
     Args:
         dispatch_mode: how arguments are split over ranks and results joined.
-        execute_mode: which ranks run the method.
         blocking: ``False`` makes the group call return a future at once.
         materialize_futures: resolve future slices handed to this worker before the method runs.
     """
     if not isinstance(dispatch_mode, Dispatch | MeshDispatch):
         raise TypeError(f"register: dispatch_mode must be a Dispatch or MeshDispatch, got {dispatch_mode!r}")
-    if not isinstance(execute_mode, Execute):
-        raise TypeError(f"register: execute_mode must be an Execute, got {execute_mode!r}")
 
     def decorator(func: Callable) -> Callable:
         @functools.wraps(func)
@@ -113,7 +95,7 @@ def register(
         # Ray checks every call against the signature of the fully unwrapped method: stop unwrapping here.
         inner.__signature__ = _with_drop_output_kwarg(inspect.signature(func))
         del inner.__wrapped__
-        setattr(inner, MAGIC_ATTR, MethodSpec(dispatch_mode, execute_mode, blocking))
+        setattr(inner, MAGIC_ATTR, MethodSpec(dispatch_mode, blocking))
         return inner
 
     return decorator
@@ -169,20 +151,6 @@ class Dispatched:
 def dispatch_one_to_all(wg: WorkerGroup, *args: Any, **kwargs: Any) -> Dispatched:
     n = wg.world_size
     return Dispatched([args] * n, [kwargs] * n)
-
-
-def dispatch_all_to_all(wg: WorkerGroup, *args: Any, **kwargs: Any) -> Dispatched:
-    n = wg.world_size
-    return Dispatched(
-        [tuple(_rank_item(a, r, n, f"argument {i}") for i, a in enumerate(args)) for r in range(n)],
-        [{k: _rank_item(v, r, n, f"argument {k!r}") for k, v in kwargs.items()} for r in range(n)],
-    )
-
-
-def _rank_item(value: Any, rank: int, n: int, what: str) -> Any:
-    if not isinstance(value, list | tuple) or len(value) != n:
-        raise ValueError(f"{what} must be a list with one entry per rank ({n}), got {type(value).__name__}")
-    return value[rank]
 
 
 def _data_length(args: tuple, kwargs: dict) -> int | None:
@@ -263,18 +231,6 @@ def _put_chunks(chunks: list | None) -> list | None:
     return [ray.put(c) if isinstance(c, DataProto) else c for c in chunks]
 
 
-def dispatch_dp_compute_proto_with_func(
-    wg: WorkerGroup, func: Callable, *args: Any, **kwargs: Any
-) -> Dispatched:
-    if not callable(func):
-        raise TypeError(
-            f"DP_COMPUTE_PROTO_WITH_FUNC: the first argument must be callable, got {type(func).__name__}"
-        )
-    out = dispatch_dp_compute_proto(wg, *args, **kwargs)
-    out.args = [(func, *a) for a in out.args]
-    return out
-
-
 def dispatch_mesh(mesh: MeshDispatch, wg: WorkerGroup, *args: Any, **kwargs: Any) -> Dispatched:
     info = wg.dispatch_info(mesh.mesh_name)
     dp_size = info.dp_size
@@ -337,24 +293,14 @@ class MeshInfo:
 
 
 def dispatch_for(spec: MethodSpec) -> Callable:
-    table = {
-        Dispatch.ONE_TO_ALL: dispatch_one_to_all,
-        Dispatch.ALL_TO_ALL: dispatch_all_to_all,
-        Dispatch.RANK_ZERO: dispatch_one_to_all,
-        Dispatch.DP_COMPUTE: dispatch_all_to_all,
-        Dispatch.DP_COMPUTE_PROTO: dispatch_dp_compute_proto,
-        Dispatch.DP_COMPUTE_PROTO_WITH_FUNC: dispatch_dp_compute_proto_with_func,
-    }
+    table = {Dispatch.ONE_TO_ALL: dispatch_one_to_all, Dispatch.DP_COMPUTE_PROTO: dispatch_dp_compute_proto}
     if isinstance(spec.dispatch_mode, MeshDispatch):
         return functools.partial(dispatch_mesh, spec.dispatch_mode)
     return table[spec.dispatch_mode]
 
 
 def is_data_parallel(spec: MethodSpec) -> bool:
-    return isinstance(spec.dispatch_mode, MeshDispatch) or spec.dispatch_mode in (
-        Dispatch.DP_COMPUTE_PROTO,
-        Dispatch.DP_COMPUTE_PROTO_WITH_FUNC,
-    )
+    return isinstance(spec.dispatch_mode, MeshDispatch) or spec.dispatch_mode == Dispatch.DP_COMPUTE_PROTO
 
 
 def future_from_refs(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
-from rlflow.single_controller.decorator import Dispatch, Execute, register
+from rlflow.single_controller.decorator import Dispatch, register
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
@@ -79,7 +79,7 @@ class Worker:
             raise KeyError(f"rank {self._rank} registered no dispatch info for mesh {mesh_name!r}")
         return self._dispatch_info[mesh_name]
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def execute_fn(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
         """Run ``fn(self, *args, **kwargs)`` on every rank (for tests and one-off inspection)."""
         return fn(self, *args, **kwargs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,8 +15,6 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rlflow.protocol import DataProtoFuture
 from rlflow.single_controller.decorator import (
     DROP_OUTPUT_KWARG,
-    Dispatch,
-    Execute,
     MeshDispatch,
     MeshInfo,
     MethodSpec,
@@ -123,7 +122,8 @@ class RayWorkerGroup:
         name_prefix: names the group in errors and logs.
         call_timeout_s: optional bound on every blocking call (``None``: no bound beyond dead-worker
             detection, which is always on).
-        env_vars: extra environment variables for every actor.
+        env_vars: extra environment variables for every actor (the driver's ``RLFLOW_*`` variables, such
+            as ``RLFLOW_CACHE_DIR``, are passed on too).
         num_workers: use only the first ``num_workers`` bundles of the pool (a role with a smaller
             world size than the others it is colocated with); ``None``: every bundle.
         start_timeout_s: bound on the start of rank 0's actor, which the group waits for while it is
@@ -173,8 +173,15 @@ class RayWorkerGroup:
         world = len(slots)
         remote_cls = ray.remote(self._cls.cls)
         master: dict[str, str] = {}
+        inherited = {k: v for k, v in os.environ.items() if k.startswith("RLFLOW_")}  # e.g. RLFLOW_CACHE_DIR
         for rank, (pg, bundle, local_rank) in enumerate(slots):
-            env = {**env_vars, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local_rank)}
+            env = {
+                **inherited,
+                **env_vars,
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(local_rank),
+            }
             env["RLFLOW_WORKER_GROUP"] = self.name
             env.update(master)
             options = {
@@ -226,8 +233,7 @@ class RayWorkerGroup:
 
     def _call(self, name: str, spec: MethodSpec, args: tuple, kwargs: dict) -> Any:
         dispatched = dispatch_for(spec)(self, *args, **kwargs)
-        rank_zero = spec.execute_mode == Execute.RANK_ZERO or spec.dispatch_mode == Dispatch.RANK_ZERO
-        ranks = [0] if rank_zero else list(range(self.world_size))
+        ranks = list(range(self.world_size))
         gather = self._gather_ranks(spec) if is_data_parallel(spec) else ranks
         refs = []
         for r in ranks:
@@ -248,23 +254,14 @@ class RayWorkerGroup:
             return collect_dp_proto(
                 [outputs[r] for r in gather], dispatched.pad_size, sum(dispatched.chunk_sizes)
             )
-        collect = (lambda outs: outs[0]) if rank_zero else (lambda outs: outs)
         if not spec.blocking:
-            return GroupFuture(self, refs, ranks, collect)
-        return collect(self.wait(refs, ranks, watch))
+            return GroupFuture(self, refs, ranks, list)
+        return self.wait(refs, ranks, watch)
 
     def _gather_ranks(self, spec: MethodSpec) -> list[int]:
         if isinstance(spec.dispatch_mode, MeshDispatch):
             return self.dispatch_info(spec.dispatch_mode.mesh_name).collect_order()
         return list(range(self.world_size))
-
-    def execute_all(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Call ``method_name`` with the same arguments on every rank and wait for all results."""
-        refs = [getattr(w, method_name).remote(*args, **kwargs) for w in self._workers]
-        return self.wait(refs, list(range(self.world_size)))
-
-    def execute_rank_zero(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
-        return self.wait([getattr(self._workers[0], method_name).remote(*args, **kwargs)], [0])[0]
 
     def wait(
         self,

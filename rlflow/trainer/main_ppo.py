@@ -12,16 +12,18 @@ on CPU with a local Ray. Library use::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from rlflow.config import apply_critic_config_file, config_dir, validate_config
+from rlflow.config import apply_critic_config_file, config_dir, to_typed, validate_config
 from rlflow.config.aliases import rewrite_overrides
+from rlflow.config.schema import PPOTrainerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -62,33 +64,33 @@ def _files(value: Any) -> list[str]:
     return [str(v) for v in value]
 
 
-def build_data(cfg: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
+def build_data(config: PPOTrainerConfig, tokenizer: Any) -> tuple[Any, Any]:
     """Train and validation dataloaders (the train one is resumable)."""
     from rlflow.data.rl_dataset import RLHFDataset, create_rl_dataloader
 
-    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
-    train = RLHFDataset(_files(cfg.data.train_files), tokenizer, data_cfg)
-    val = RLHFDataset(_files(cfg.data.val_files), tokenizer, data_cfg)
-    workers = int(cfg.data.dataloader_num_workers)
+    data = config.data
+    train = RLHFDataset(_files(data.train_files), tokenizer, data)
+    val = RLHFDataset(_files(data.val_files), tokenizer, data)
+    workers = int(data.dataloader_num_workers)
     train_loader = create_rl_dataloader(
         train,
-        int(cfg.data.train_batch_size),
-        shuffle=bool(cfg.data.shuffle),
-        seed=int(cfg.data.seed),
+        int(data.train_batch_size),
+        shuffle=bool(data.shuffle),
+        seed=int(data.seed),
         num_workers=workers,
     )
-    val_bs = int(cfg.data.val_batch_size or len(val))
+    val_bs = int(data.val_batch_size or len(val))
     val_loader = create_rl_dataloader(val, val_bs, shuffle=False, drop_last=False, num_workers=workers)
     return train_loader, val_loader
 
 
-def build_reward_fns(cfg: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
+def build_reward_fns(config: PPOTrainerConfig, tokenizer: Any) -> tuple[Any, Any]:
     """Reward managers for training and validation (custom score function if configured)."""
     from rlflow.reward import NaiveRewardManager, get_custom_reward_fn
 
-    custom = get_custom_reward_fn(OmegaConf.to_container(cfg, resolve=True))
-    rm = cfg.reward_model
-    common = {"compute_score": custom, "reward_fn_key": str(cfg.data.reward_fn_key)}
+    custom = get_custom_reward_fn(config.custom_reward_function)
+    rm = config.reward_model
+    common = {"compute_score": custom, "reward_fn_key": str(config.data.reward_fn_key)}
     train = NaiveRewardManager(
         tokenizer,
         num_examine=0,
@@ -101,57 +103,62 @@ def build_reward_fns(cfg: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
     return train, val
 
 
-def build_tracker(cfg: DictConfig) -> Any:
+def build_tracker(config: PPOTrainerConfig) -> Any:
+    """The run's tracker (``trainer.logger`` backends under ``trainer.log_dir``)."""
     from rlflow.logging.tracking import Tracking
 
-    t = cfg.trainer
+    t = config.trainer
     log_dir = t.log_dir or os.path.join("outputs", str(t.project_name), str(t.experiment_name))
     return Tracking(
         str(t.project_name),
         str(t.experiment_name),
         list(t.logger),
-        config=OmegaConf.to_container(cfg, resolve=True),
+        config=dataclasses.asdict(config),
         log_dir=log_dir,
+    )
+
+
+def _trainer(config: PPOTrainerConfig, tracker: Any | None) -> Any:
+    from rlflow.models.loader import load_tokenizer
+    from rlflow.single_controller import init_ray
+    from rlflow.trainer.ray_trainer import RayPPOTrainer
+
+    model = config.actor_rollout_ref.model
+    tokenizer = load_tokenizer(
+        str(config.data.tokenizer or model.tokenizer_path or model.path),
+        trust_remote_code=bool(model.trust_remote_code),
+    )
+    train_loader, val_loader = build_data(config, tokenizer)
+    reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
+    custom_adv = None
+    spec = config.algorithm.custom_advantage_function
+    if spec.path:
+        from rlflow.algos.custom import load_custom_advantage_fn
+
+        custom_adv = load_custom_advantage_fn(str(spec.path), str(spec.name))
+    ray_cfg = config.ray_init
+    init_ray(
+        address=ray_cfg.address, num_cpus=ray_cfg.num_cpus, object_store_memory=ray_cfg.object_store_memory
+    )
+    return RayPPOTrainer(
+        config, tokenizer, reward_fn, val_reward_fn, train_loader, val_loader, custom_adv, tracker=tracker
     )
 
 
 def build_trainer(cfg: DictConfig, tracker: Any | None = None) -> Any:
     """Prepare and validate ``cfg``, start (or join) Ray and return a ready ``RayPPOTrainer``
     (workers not created yet: ``trainer.init_workers()`` or ``trainer.fit()`` does it)."""
-    from rlflow.models.loader import load_tokenizer
-    from rlflow.single_controller import init_ray
-    from rlflow.trainer.ray_trainer import RayPPOTrainer
-
-    cfg = prepare_config(cfg)
-    model = cfg.actor_rollout_ref.model
-    tokenizer = load_tokenizer(
-        str(cfg.data.tokenizer or model.tokenizer_path or model.path),
-        trust_remote_code=bool(model.trust_remote_code),
-    )
-    train_loader, val_loader = build_data(cfg, tokenizer)
-    reward_fn, val_reward_fn = build_reward_fns(cfg, tokenizer)
-    custom_adv = None
-    spec = cfg.algorithm.custom_advantage_function
-    if spec.path:
-        from rlflow.algos.custom import load_custom_advantage_fn
-
-        custom_adv = load_custom_advantage_fn(str(spec.path), str(spec.name))
-    ray_cfg = cfg.ray_init
-    init_ray(
-        address=ray_cfg.address, num_cpus=ray_cfg.num_cpus, object_store_memory=ray_cfg.object_store_memory
-    )
-    return RayPPOTrainer(
-        cfg, tokenizer, reward_fn, val_reward_fn, train_loader, val_loader, custom_adv, tracker=tracker
-    )
+    return _trainer(to_typed(prepare_config(cfg)), tracker)
 
 
 def run_ppo(cfg: DictConfig, tracker: Any | None = None) -> dict[str, Any]:
     """Prepare, validate, start Ray, train, shut the workers down. Returns the last metrics and the
     per-step history."""
+    config = to_typed(prepare_config(cfg))
     own_tracker = tracker is None
     if own_tracker:
-        tracker = build_tracker(prepare_config(cfg))
-    trainer = build_trainer(cfg, tracker)
+        tracker = build_tracker(config)
+    trainer = _trainer(config, tracker)
     try:
         final = trainer.fit()
     finally:

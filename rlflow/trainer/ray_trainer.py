@@ -5,11 +5,11 @@ One step::
     generate → reward → old log-prob → ref log-prob → (KL in reward) → values (a future)
              → advantages → update critic → update actor → validate → save → log
 
-The critic's ``compute_values`` is non-blocking: its object refs go straight to ``update_critic`` and
-``update_actor`` on the workers, routed by sample index, and the driver never fetches them. With a
-critic, advantages (and the critic's returns) are computed inside the workers on the batch gathered over
-their data-parallel ranks; without one, the driver computes them (it holds the whole batch), so group
-estimators always see whole groups.
+With a critic, ``compute_values`` and ``compute_advantage`` run in the critic group, non-blocking: the
+object refs of the values and of the advantages and returns derived from them (computed once, on the
+critic's shards) go straight to ``update_critic`` and ``update_actor`` on the workers, routed by sample
+index, and the driver never fetches them. Without one, the driver computes the advantages (it holds the
+whole batch), so group estimators always see whole groups.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 
-from rlflow.algos.compute_advantage import advantage_metrics, compute_advantage
+from rlflow.algos.advantages import advantage_metrics, compute_advantage
+from rlflow.config import to_typed
+from rlflow.config.schema import PPOTrainerConfig
 from rlflow.engine.seqlen_balancing import balance_batch_across_dp
 from rlflow.logging.tracking import ProgressBar
 from rlflow.protocol import DataProto, DataProtoFuture
@@ -61,7 +62,7 @@ class RayPPOTrainer:
     """Runs PPO (or GRPO and the other estimators) with colocated FSDP worker groups.
 
     Args:
-        config: the composed and validated ``ppo_trainer`` config.
+        config: the typed, validated trainer config (`rlflow.config.to_typed`).
         tokenizer: the actor's tokenizer (pad/eos ids for generation, decoding for rewards).
         reward_fn / val_reward_fn: reward managers (``fn(batch, return_dict=True)``).
         train_dataloader / val_dataloader: resumable loaders of prompt batches (dicts for
@@ -72,7 +73,7 @@ class RayPPOTrainer:
 
     def __init__(
         self,
-        config: DictConfig,
+        config: PPOTrainerConfig,
         tokenizer: Any,
         reward_fn: Callable[..., Any],
         val_reward_fn: Callable[..., Any] | None,
@@ -81,6 +82,8 @@ class RayPPOTrainer:
         custom_advantage_fn: Callable[..., Any] | None = None,
         tracker: Any | None = None,
     ) -> None:
+        if not isinstance(config, PPOTrainerConfig):  # a composed DictConfig (notebooks, verl-style code)
+            config = to_typed(config)
         self.config = config
         self.tokenizer = tokenizer
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn or reward_fn
@@ -168,7 +171,8 @@ class RayPPOTrainer:
         metrics: dict[str, float] = {"training/global_step": self.global_steps, "training/epoch": epoch}
         with _timer("step", timing):
             with _timer("gen", timing):
-                batch = self._generate(batch)
+                batch, gen_metrics = self._generate(batch)
+            metrics.update(gen_metrics)
             self._balance(batch)
             with _timer("reward", timing):
                 metrics.update(self._reward(batch))
@@ -178,23 +182,21 @@ class RayPPOTrainer:
                 with _timer("ref", timing):
                     self._ref_log_prob(batch)
             metrics.update(self._rewards_with_kl(batch))
-            with _timer("values", timing):
-                values = self._values(batch)
             with _timer("adv", timing):
-                metrics.update(self._advantages(batch))
+                adv, adv_metrics = self._advantages(batch)
+            metrics.update(adv_metrics)
             if self.use_critic:
                 with _timer("update_critic", timing):
-                    metrics.update(self._update_critic(batch, values))
+                    metrics.update(self._update_critic(batch, adv))
             if self.global_steps > int(self.config.trainer.critic_warmup):
                 with _timer("update_actor", timing):
-                    metrics.update(self._update_actor(batch, values))
+                    metrics.update(self._update_actor(batch, adv))
             if self._due(self.config.trainer.test_freq):
                 with _timer("testing", timing):
                     metrics.update(self._validate())
             if self._due(self.config.trainer.save_freq):
                 with _timer("save_checkpoint", timing):
                     self._save_checkpoint()
-        metrics.update(self._gen_metrics)
         metrics.update(compute_data_metrics(batch, eos_token_id=self._eos_token_ids()))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(self._throughput(batch, timing))
@@ -221,8 +223,13 @@ class RayPPOTrainer:
 
     # ---- steps ----------------------------------------------------------------------------------------
 
-    def _generate(self, batch: DataProto) -> DataProto:
-        """Sample ``rollout.n`` responses per prompt; the batch becomes one row per response."""
+    def _generate(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
+        """Sample ``rollout.n`` responses per prompt; the batch becomes one row per response.
+
+        The returned batch carries the step's meta info, read by the calls of this step: ``global_steps``
+        (sampling keys, mini-batch shuffles) and ``global_batch_size`` (the unpadded size, so workers
+        can tell dispatch padding apart).
+        """
         n = int(self.config.actor_rollout_ref.rollout.n)
         batch.non_tensor_batch["uid"] = np.array(
             [f"{self.global_steps}-{i}" for i in range(len(batch))], dtype=object
@@ -230,11 +237,11 @@ class RayPPOTrainer:
         gen_batch = batch.pop(batch_keys=["input_ids", "attention_mask", "position_ids"])
         gen_batch.meta_info.update(self._generation_meta(validate=False))
         out = self.groups.actor.generate_sequences(gen_batch)
-        self._gen_metrics = {k: float(np.mean(v)) for k, v in out.meta_info.get("metrics", {}).items()}
+        metrics = _worker_metrics(out)
         out.meta_info = {}
         batch = batch.repeat(n, interleave=True).union(out)
-        batch.meta_info["global_batch_size"] = len(batch)
-        return batch
+        batch.meta_info = {"global_steps": self.global_steps, "global_batch_size": len(batch)}
+        return batch, metrics
 
     def _eos_token_ids(self) -> list[int]:
         """The tokenizer's EOS and every EOS of the model's generation config (e.g. an end-of-turn token)."""
@@ -276,11 +283,6 @@ class RayPPOTrainer:
         return {f"reward/{k}/mean": float(np.mean(v)) for k, v in extra.items() if _is_numeric(v)}
 
     def _old_log_prob(self, batch: DataProto) -> dict[str, float]:
-        from rlflow.rollout.base import logprob_temperature
-
-        temperature = logprob_temperature(self.config.actor_rollout_ref.rollout.temperature)
-        batch.meta_info["temperature"] = temperature
-        batch.meta_info["global_steps"] = self.global_steps
         out = self.groups.actor.compute_log_prob(batch)
         metrics = _worker_metrics(out)
         batch.union(out.select(batch_keys=["old_log_probs"], meta_info_keys=[]))
@@ -299,30 +301,31 @@ class RayPPOTrainer:
         _, metrics = apply_kl_penalty(batch, self.kl_ctrl, self.config.algorithm.kl_penalty)
         return metrics
 
-    def _values(self, batch: DataProto) -> DataProtoFuture | None:
-        """Critic values as a future (object refs on the critic workers), or None without a critic."""
-        if not self.use_critic:
-            return None
-        future = self.groups.critic.compute_values(batch)
-        if not isinstance(future, DataProtoFuture):
-            raise TypeError("CriticWorker.compute_values must be registered with blocking=False")
-        return future
+    def _advantages(self, batch: DataProto) -> tuple[DataProtoFuture | None, dict[str, float]]:
+        """Advantages of the step, computed once.
 
-    def _advantages(self, batch: DataProto) -> dict[str, float]:
-        """Without a critic the driver computes advantages on the whole batch (whole groups)."""
+        With a critic: ``compute_values`` then ``compute_advantage`` in the critic group, both
+        non-blocking; the returned future (values, advantages, returns) goes to both updates and is
+        never fetched here. Without one, the driver holds the whole batch and computes them (group
+        estimators see whole groups); the batch then carries ``advantages`` and ``returns``.
+        """
         if self.use_critic:
-            return {}  # computed inside the workers from the values future
+            values = self.groups.critic.compute_values(batch)
+            adv = self.groups.critic.compute_advantage(batch, values=values)
+            if not isinstance(adv, DataProtoFuture):
+                raise TypeError("CriticWorker.compute_advantage must be registered with blocking=False")
+            return adv, {}
         advantages, returns = compute_advantage(batch, self.config.algorithm, self.custom_advantage_fn)
         batch.batch["advantages"], batch.batch["returns"] = advantages, returns
-        return advantage_metrics(batch, advantages, returns)
+        return None, advantage_metrics(batch, advantages, returns)
 
-    def _update_critic(self, batch: DataProto, values: DataProtoFuture) -> dict[str, float]:
-        return _worker_metrics(self.groups.critic.update_critic(batch, values=values))
+    def _update_critic(self, batch: DataProto, adv: DataProtoFuture) -> dict[str, float]:
+        return _worker_metrics(self.groups.critic.update_critic(batch, adv=adv))
 
-    def _update_actor(self, batch: DataProto, values: DataProtoFuture | None) -> dict[str, float]:
-        if values is None:
+    def _update_actor(self, batch: DataProto, adv: DataProtoFuture | None) -> dict[str, float]:
+        if adv is None:
             return _worker_metrics(self.groups.actor.update_actor(batch))
-        return _worker_metrics(self.groups.actor.update_actor(batch, values=values))
+        return _worker_metrics(self.groups.actor.update_actor(batch, adv=adv))
 
     # ---- validation -----------------------------------------------------------------------------------
 
@@ -418,8 +421,3 @@ def _is_numeric(values: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return True
-
-
-def config_to_container(config: DictConfig) -> dict:
-    """The resolved config as plain Python containers (what worker actors receive)."""
-    return OmegaConf.to_container(config, resolve=True)  # type: ignore[return-value]

@@ -10,9 +10,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from omegaconf import DictConfig, OmegaConf
-
 from rlflow.config import need_critic, need_reference_policy
+from rlflow.config.schema import PPOTrainerConfig
 from rlflow.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from rlflow.single_controller.worker_group import wait_all
 
@@ -39,7 +38,7 @@ class WorkerGroups:
         self.pool.remove()
 
 
-def _device(config: DictConfig) -> str:
+def _device(config: PPOTrainerConfig) -> str:
     device = str(config.trainer.device)
     if device == "auto":
         import torch
@@ -48,9 +47,12 @@ def _device(config: DictConfig) -> str:
     return device
 
 
-def build_worker_groups(config: DictConfig, total_training_steps: int) -> WorkerGroups:
-    """Create the resource pool and every needed role's group, then build all models (in parallel)."""
-    from rlflow.workers.roles import ActorRolloutWorker, CriticWorker, RefWorker, RewardModelWorker
+def build_worker_groups(config: PPOTrainerConfig, total_training_steps: int) -> WorkerGroups:
+    """Create the resource pool and every needed role's group, then build all models (in parallel).
+
+    Every worker receives the typed config and the run's number of training steps.
+    """
+    from rlflow.workers import ActorRolloutWorker, CriticWorker, RefWorker, RewardModelWorker
 
     roles = ["actor"]
     if need_reference_policy(config):
@@ -68,15 +70,13 @@ def build_worker_groups(config: DictConfig, total_training_steps: int) -> Worker
         name_prefix=f"rlflow_{trainer.experiment_name}",
         placement_timeout_s=float(trainer.placement_timeout_s),
     )
-    plain = OmegaConf.to_container(config, resolve=True)
-    plain["trainer"]["total_training_steps_resolved"] = int(total_training_steps)
 
     timeout = float(trainer.worker_start_timeout_s)
 
     def group(cls: type, name: str, num_workers: int | None = None) -> RayWorkerGroup:
         return RayWorkerGroup(
             pool,
-            RayClassWithInitArgs(cls, config=plain),
+            RayClassWithInitArgs(cls, config=config, total_training_steps=int(total_training_steps)),
             name_prefix=name,
             num_workers=num_workers,
             start_timeout_s=timeout,

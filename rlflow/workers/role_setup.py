@@ -1,11 +1,12 @@
-"""Helpers the Ray-facing role workers share: parallel set-up, model building, per-rank sizes,
-advantages on the gathered batch, and per-call performance metrics."""
+"""Helpers the Ray-facing role workers share: a role's layout from the typed config, its process groups,
+building its sharded model, and per-call performance metrics."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,7 @@ import torch.distributed as dist
 from tensordict import TensorDict
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
-from rlflow.config.schema import MixedPrecisionSection
+from rlflow.config.schema import FSDPConfig, PPOTrainerConfig
 from rlflow.models.attention import set_packed_attention
 from rlflow.models.loader import load_causal_lm, load_value_model
 from rlflow.models.tiny import resolve_model_path
@@ -25,14 +26,16 @@ from rlflow.parallel.fsdp import build_sharded_model
 from rlflow.protocol import DataProto
 
 __all__ = [
-    "GatheredAdvantages",
+    "RoleLayout",
     "RoleParallel",
+    "actor_layout",
     "build_role_module",
-    "gathered_advantages",
+    "critic_layout",
     "metrics_proto",
     "model_path",
     "peak_memory_metrics",
-    "per_rank_sizes",
+    "ref_layout",
+    "setup_role_parallel",
     "timed_call",
     "tokenizer_path",
 ]
@@ -45,14 +48,64 @@ TINY_MODEL = "rlflow://tiny"
 warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
 
-def model_path(model_cfg: dict) -> str:
-    """The model directory (``null`` → the embedded tiny model, created on first use)."""
-    return resolve_model_path(model_cfg.get("path") or TINY_MODEL)
+def model_path(model: Any) -> str:
+    """The model directory of a ``model`` section (``path: null`` = the embedded tiny model)."""
+    return resolve_model_path(model.path or TINY_MODEL)
 
 
-def tokenizer_path(model_cfg: dict) -> str:
+def tokenizer_path(model: Any) -> str:
     """``tokenizer_path`` when set, else the model directory."""
-    return resolve_model_path(model_cfg.get("tokenizer_path") or model_cfg.get("path") or TINY_MODEL)
+    return resolve_model_path(model.tokenizer_path or model.path or TINY_MODEL)
+
+
+@dataclass(frozen=True)
+class RoleLayout:
+    """What a role's model is and how it is sharded, read from the typed config.
+
+    Attributes:
+        key_prefix: config path of the role (error messages).
+        model: the ``model`` section (path, attention, remove-padding, gradient checkpointing).
+        strategy: fsdp | fsdp2.
+        sp_size: Ulysses size.
+        fsdp: the ``fsdp_config`` section.
+    """
+
+    key_prefix: str
+    model: Any
+    strategy: str
+    sp_size: int
+    fsdp: FSDPConfig
+
+
+def actor_layout(config: PPOTrainerConfig) -> RoleLayout:
+    """The actor's layout (``actor_rollout_ref.model`` + ``actor``)."""
+    arr = config.actor_rollout_ref
+    actor = arr.actor
+    return RoleLayout(
+        "actor_rollout_ref.actor",
+        arr.model,
+        actor.strategy,
+        actor.ulysses_sequence_parallel_size,
+        actor.fsdp_config,
+    )
+
+
+def ref_layout(config: PPOTrainerConfig) -> RoleLayout:
+    """The reference policy's layout: the actor's model, strategy and precision (so reference and old
+    log-probs differ only by the weights), its own Ulysses size and parameter offload."""
+    arr = config.actor_rollout_ref
+    fsdp = dataclasses.replace(arr.actor.fsdp_config, param_offload=arr.ref.fsdp_config.param_offload)
+    return RoleLayout(
+        "actor_rollout_ref.ref", arr.model, arr.actor.strategy, arr.ref.ulysses_sequence_parallel_size, fsdp
+    )
+
+
+def critic_layout(config: PPOTrainerConfig) -> RoleLayout:
+    """The critic's own layout (``critic`` section)."""
+    critic = config.critic
+    return RoleLayout(
+        "critic", critic.model, critic.strategy, critic.ulysses_sequence_parallel_size, critic.fsdp_config
+    )
 
 
 @dataclass
@@ -65,20 +118,18 @@ class RoleParallel:
     sync_group: Any
 
 
-def setup_role_parallel(world_size: int, section: dict, hf_config: Any, key_prefix: str) -> RoleParallel:
+def setup_role_parallel(world_size: int, layout: RoleLayout, hf_config: Any) -> RoleParallel:
     """Join the role's process group, build its meshes, return the DP/SP groups (collective)."""
     init_distributed()
-    sp = int(section.get("ulysses_sequence_parallel_size", 1) or 1)
-    fsdp_cfg = section.get("fsdp_config") or {}
     dims = ParallelDims(
         world_size=world_size,
-        fsdp_size=int(fsdp_cfg.get("fsdp_size", -1)),
-        ulysses_sequence_parallel_size=sp,
+        fsdp_size=int(layout.fsdp.fsdp_size),
+        ulysses_sequence_parallel_size=int(layout.sp_size),
         num_attention_heads=getattr(hf_config, "num_attention_heads", None),
         num_key_value_heads=getattr(hf_config, "num_key_value_heads", None),
-        key_prefix=key_prefix,
+        key_prefix=layout.key_prefix,
     ).build_meshes()
-    sp_group = dims.ulysses_mesh["sp"].get_group() if sp > 1 else None
+    sp_group = dims.ulysses_mesh["sp"].get_group() if layout.sp_size > 1 else None
     return RoleParallel(dims, dims.ulysses_mesh["dp"].get_group(), sp_group, dist.group.WORLD)
 
 
@@ -93,7 +144,7 @@ def _meta_model(kind: str, path: str, trust_remote_code: bool) -> torch.nn.Modul
 
 
 def build_role_module(
-    kind: str, model_cfg: dict, section: dict, parallel: RoleParallel, seed: int = 0
+    kind: str, layout: RoleLayout, parallel: RoleParallel, seed: int = 0
 ) -> torch.nn.Module:
     """Load the role's model (``kind``: ``"causal_lm"`` or ``"value"``) and shard it.
 
@@ -102,10 +153,10 @@ def build_role_module(
     fresh head, seeded by ``seed``, with dropout off (``classifier_dropout=0``) so that packed and padded
     forwards agree in train mode.
     """
+    model_cfg = layout.model
     path = model_path(model_cfg)
-    trust = bool(model_cfg.get("trust_remote_code", False))
-    attn = model_cfg.get("attn_implementation") or "sdpa"
-    packed = bool(model_cfg.get("use_remove_padding", False))
+    trust = bool(model_cfg.trust_remote_code)
+    attn = model_cfg.attn_implementation
 
     def load_fn(device: torch.device) -> torch.nn.Module:
         if device.type == "meta":
@@ -117,80 +168,20 @@ def build_role_module(
                 model.dropout.p = 0.0
         else:
             model = load_causal_lm(path, attn_implementation=attn, trust_remote_code=trust)
-        if packed:
+        if model_cfg.use_remove_padding:
             set_packed_attention(model)
         return model
 
-    fsdp_cfg = section.get("fsdp_config") or {}
+    fsdp = layout.fsdp
     return build_sharded_model(
         load_fn,
         parallel.dims,
-        strategy=str(section.get("strategy", "fsdp2")),
-        mixed_precision=MixedPrecisionSection(**(fsdp_cfg.get("mixed_precision") or {})),
-        cpu_offload=bool(fsdp_cfg.get("param_offload", False)),
-        reshard_after_forward=bool(fsdp_cfg.get("reshard_after_forward", True)),
-        enable_gradient_checkpointing=bool(model_cfg.get("enable_gradient_checkpointing", False)),
+        strategy=layout.strategy,
+        mixed_precision=fsdp.mixed_precision,
+        cpu_offload=bool(fsdp.param_offload),
+        reshard_after_forward=bool(fsdp.reshard_after_forward),
+        enable_gradient_checkpointing=bool(model_cfg.enable_gradient_checkpointing),
     )
-
-
-def per_rank_sizes(section: dict, rollout_n: int, dp_size: int, key_prefix: str) -> dict:
-    """The role config with ``ppo_mini_batch_size`` turned from prompts into samples per DP rank."""
-    out = dict(section)
-    mini = int(section["ppo_mini_batch_size"]) * int(rollout_n)
-    if mini % dp_size:
-        raise ValueError(
-            f"{key_prefix}.ppo_mini_batch_size × rollout.n = {mini} must be divisible by the "
-            f"data-parallel size {dp_size}"
-        )
-    out["ppo_mini_batch_size"] = mini // dp_size
-    return out
-
-
-@dataclass
-class GatheredAdvantages:
-    advantages: torch.Tensor  # this rank's rows
-    returns: torch.Tensor
-    full: DataProto  # the whole batch's advantage inputs
-    full_advantages: torch.Tensor
-    full_returns: torch.Tensor
-
-
-def gathered_advantages(
-    data: DataProto,
-    dp_group: Any,
-    dp_rank: int,
-    compute: Callable[[DataProto], tuple[torch.Tensor, torch.Tensor]],
-) -> GatheredAdvantages:
-    """Compute advantages on the whole batch (gathered over the DP ranks), return this rank's rows.
-
-    The dispatch gave DP rank ``r`` rows ``[r*s, (r+1)*s)`` of the batch padded (by wrapping around) to a
-    multiple of the DP size; ``meta_info["global_batch_size"]`` is the unpadded size. Gathering and
-    stripping the padding rebuilds the exact batch, so group estimators see whole groups and GAE whitens
-    over the whole batch; every rank computes the same numbers.
-
-    Returns:
-        This rank's ``(s, response_len)`` rows and the whole batch's tensors.
-    """
-    keys = [
-        k
-        for k in ("token_level_rewards", "response_mask", "values", "reward_baselines")
-        if k in data.batch.keys()
-    ]
-    local = data.select(
-        batch_keys=keys, non_tensor_batch_keys=[k for k in ("uid",) if k in data.non_tensor_batch]
-    )
-    world = dist.get_world_size(dp_group) if dist.is_initialized() else 1
-    parts: list[Any] = [None] * world
-    if world > 1:
-        dist.all_gather_object(parts, local, group=dp_group)
-    else:
-        parts = [local]
-    n = int(data.meta_info.get("global_batch_size", len(local) * world))
-    full = DataProto.concat(parts)[:n]
-    advantages, returns = compute(full)
-    s = len(data)
-    rows = torch.tensor([(dp_rank * s + i) % n for i in range(s)])
-    return GatheredAdvantages(advantages[rows], returns[rows], full, advantages, returns)
 
 
 def metrics_proto(n: int, metrics: dict[str, float]) -> DataProto:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 
+from rlflow.config import config_section
 from rlflow.models.tiny import TinyModelConfig, build_tiny_model
 from rlflow.protocol import DataProto
 from rlflow.rollout.hf import HFRollout
@@ -52,7 +53,13 @@ def run_ours(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, resp
         meta_info={"eos_token_id": EOS, "pad_token_id": PAD},
     )
     seed = torch.initial_seed()  # the round's seed: each round draws fresh samples, as generate does
-    config = {"response_length": response_len, "prompt_length": ids.shape[1], "seed": seed, **SAMPLING}
+    config = config_section(
+        "actor_rollout_ref.rollout",
+        response_length=response_len,
+        prompt_length=ids.shape[1],
+        seed=seed,
+        **SAMPLING,
+    )
     out = HFRollout(model, config).generate_sequences(prompts)
     return int(out.batch["response_mask"].sum())
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -184,7 +185,9 @@ def test_reinforce_plus_plus_discounted_returns(gamma):
     adv, ret = compute_reinforce_plus_plus_outcome_advantage(RPP_REWARDS, RPP_MASK, gamma=gamma)
     _close(ret, RPP_RETURNS[gamma], EXACT)
     _close(adv, _whiten_valid(RPP_RETURNS[gamma], RPP_MASK.tolist()))
-    adv_cfg, _ = compute_reinforce_plus_plus_outcome_advantage(RPP_REWARDS, RPP_MASK, config={"gamma": gamma})
+    adv_cfg, _ = compute_reinforce_plus_plus_outcome_advantage(
+        RPP_REWARDS, RPP_MASK, config=SimpleNamespace(gamma=gamma)
+    )
     _close(adv_cfg, adv, EXACT)
 
 
@@ -362,7 +365,15 @@ def test_agg_loss_global_counts_make_micro_batch_and_rank_splits_exact(mode):
 
 # --------------------------------------------------------------------------------------- policy losses
 
-CLIP_CFG = {"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0}
+
+def _actor(**kw) -> SimpleNamespace:
+    """An actor config with the clip keys the policy losses read (attribute access, like the schema's)."""
+    return SimpleNamespace(
+        **{"clip_ratio": 0.2, "clip_ratio_low": None, "clip_ratio_high": None, "clip_ratio_c": 3.0, **kw}
+    )
+
+
+CLIP_CFG = _actor(clip_ratio_low=0.2, clip_ratio_high=0.28)
 # (advantage, ratio) per token; row 1 ends with two masked tokens (ratio 100 must be ignored)
 PG_ADV = _t([[1.0, 2.0, -1.0, -1.0], [1.0, -1.0, 5.0, 5.0]])
 PG_RATIO = _t([[1.1, 1.5, 0.5, 4.0], [0.5, 2.0, 100.0, 100.0]])
@@ -410,9 +421,7 @@ def test_vanilla_ppo_aggregation_globals_and_is_weights_pass_through():
 
 def test_vanilla_symmetric_clip_and_config_errors_and_legacy_signature():
     old, log_prob = _pg_inputs()
-    sym = compute_policy_loss_vanilla(
-        old, log_prob, PG_ADV, PG_MASK, config=OmegaConf.create({"clip_ratio": 0.2})
-    )
+    sym = compute_policy_loss_vanilla(old, log_prob, PG_ADV, PG_MASK, config=_actor())
     # token 2 is now clipped at 1.2: -2.4 instead of -2.56
     _close(sym[0], (1.64 + 0.16) / 6)
     legacy = compute_policy_loss(old, log_prob, PG_ADV, PG_MASK, cliprange=0.2, cliprange_high=0.28)
@@ -421,11 +430,9 @@ def test_vanilla_symmetric_clip_and_config_errors_and_legacy_signature():
     ):
         _close(a, b, EXACT)
     with pytest.raises(ValueError, match="clip_ratio_c"):
-        compute_policy_loss_vanilla(
-            old, log_prob, PG_ADV, PG_MASK, config={"clip_ratio": 0.2, "clip_ratio_c": 1.0}
-        )
+        compute_policy_loss_vanilla(old, log_prob, PG_ADV, PG_MASK, config=_actor(clip_ratio_c=1.0))
     with pytest.raises(ValueError, match=r"needs actor\.clip_ratio"):
-        compute_policy_loss_vanilla(old, log_prob, PG_ADV, PG_MASK, config={})
+        compute_policy_loss_vanilla(old, log_prob, PG_ADV, PG_MASK, config=_actor(clip_ratio=None))
 
 
 def test_rollout_is_weights_truncated():
@@ -567,7 +574,7 @@ def test_kl_penalty_errors_and_kl_loss():
 
 
 def test_fixed_kl_controller_never_moves():
-    ctrl = get_kl_controller({"type": "fixed", "kl_coef": 0.05})
+    ctrl = get_kl_controller(SimpleNamespace(type="fixed", kl_coef=0.05))
     assert isinstance(ctrl, FixedKLController)
     for kl, n in [(0.0, 8), (1.0, 8), (100.0, 1000)]:
         ctrl.update(current_kl=kl, n_steps=n)
@@ -605,13 +612,13 @@ def test_get_kl_controller_from_dataclass_and_errors():
     ctrl = get_kl_controller(KLCtrl())
     assert (ctrl.value, ctrl.target, ctrl.horizon) == (0.2, 0.1, 10)
     with pytest.raises(ValueError, match=r"algorithm\.kl_ctrl\.type"):
-        get_kl_controller({"type": "pid", "kl_coef": 0.1})
+        get_kl_controller(KLCtrl(type="pid"))
     with pytest.raises(ValueError, match=r"algorithm\.kl_ctrl\.horizon"):
         get_kl_controller(KLCtrl(horizon=0))
     with pytest.raises(ValueError, match=r"algorithm\.kl_ctrl\.target_kl"):
         get_kl_controller(KLCtrl(target_kl=0.0))
     with pytest.raises(ValueError, match=r"algorithm\.kl_ctrl\.kl_coef"):
-        get_kl_controller({"type": "fixed"})
+        get_kl_controller(KLCtrl(type="fixed", kl_coef=None))
 
 
 def _kl_batch():

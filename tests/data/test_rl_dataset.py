@@ -20,6 +20,13 @@ HEAD = [1, *[3 + b for b in b"user\n"]]
 TAIL = [2, 3 + 10, 1, *[3 + b for b in b"assistant\n"]]
 
 
+def _cfg(**overrides):
+    """The ``data`` section; these tests keep overlong prompts unless they say otherwise."""
+    from rlflow.config import config_section
+
+    return config_section("data", **{"filter_overlong_prompts": False, **overrides})
+
+
 def ids_of(content: str) -> list[int]:
     return HEAD + [3 + b for b in content.encode()] + TAIL
 
@@ -56,7 +63,7 @@ def test_left_pad_prompt_exact():
 
 def test_item_tensors_on_hand_made_rows(tmp_path, tok):
     f = write_parquet([row("ab", index=10), row("hello", index=11)], tmp_path / "a.parquet")
-    ds = RLHFDataset([f], tok, {"max_prompt_length": 24, "return_raw_chat": True, "return_full_prompt": True})
+    ds = RLHFDataset([f], tok, _cfg(max_prompt_length=24, return_raw_chat=True, return_full_prompt=True))
     assert len(ds) == 2 and ds.num_filtered == 0
     item = ds[0]
     assert len(ids_of("ab")) == 21
@@ -78,7 +85,7 @@ def test_item_tensors_on_hand_made_rows(tmp_path, tok):
 def test_several_files_and_default_index(tmp_path, tok):
     a = write_jsonl(tmp_path / "a.jsonl", [row("x"), row("yy")])
     b = write_parquet([row("zzz", index=5)], tmp_path / "b.parquet")
-    ds = RLHFDataset([a, b], tok, {"max_prompt_length": 32})
+    ds = RLHFDataset([a, b], tok, _cfg(max_prompt_length=32))
     assert [len(ds[i]["raw_prompt_ids"]) for i in range(3)] == [20, 21, 22]
     assert [ds[i]["index"] for i in range(3)] == [0, 1, 5]  # extra_info.index when set, else position
 
@@ -86,7 +93,7 @@ def test_several_files_and_default_index(tmp_path, tok):
 def test_filter_overlong_counts_and_logs(tmp_path, tok, caplog):
     f = write_parquet([row("a"), row("abcdefghij"), row("abcde"), row("abcdef")], tmp_path / "f.parquet")
     with caplog.at_level(logging.WARNING, logger="rlflow.data.rl_dataset"):
-        ds = RLHFDataset(f, tok, {"max_prompt_length": 24, "filter_overlong_prompts": True})
+        ds = RLHFDataset(f, tok, _cfg(max_prompt_length=24, filter_overlong_prompts=True))
     # lengths 20, 29, 24, 25 -> two longer than 24
     assert ds.num_filtered == 2 and len(ds) == 2
     assert [ds[i]["raw_prompt_ids"] for i in range(2)] == [ids_of("a"), ids_of("abcde")]
@@ -103,7 +110,7 @@ def test_filter_overlong_counts_and_logs(tmp_path, tok, caplog):
 )
 def test_truncation_modes(tmp_path, tok, mode, expected):
     f = write_parquet([row("abcdefghij")], tmp_path / "f.parquet")
-    ds = RLHFDataset(f, tok, {"max_prompt_length": 24, "filter_overlong_prompts": False, "truncation": mode})
+    ds = RLHFDataset(f, tok, _cfg(max_prompt_length=24, filter_overlong_prompts=False, truncation=mode))
     full = ids_of("abcdefghij")
     assert len(full) == 29
     assert ds[0]["raw_prompt_ids"] == expected(full)
@@ -113,7 +120,7 @@ def test_truncation_modes(tmp_path, tok, mode, expected):
 
 def test_truncation_error_names_file_row_key(tmp_path, tok):
     f = write_parquet([row("a"), row("b"), row("abcdefghij")], tmp_path / "long.parquet")
-    cfg = {"max_prompt_length": 24, "filter_overlong_prompts": False, "truncation": "error"}
+    cfg = _cfg(max_prompt_length=24, filter_overlong_prompts=False, truncation="error")
     with pytest.raises(ValueError) as err:
         RLHFDataset(f, tok, cfg)
     msg = str(err.value)
@@ -123,7 +130,7 @@ def test_truncation_error_names_file_row_key(tmp_path, tok):
 def _error(tmp_path, tok, rows, **cfg):
     f = write_jsonl(tmp_path / "bad.jsonl", rows)
     with pytest.raises(ValueError) as err:
-        RLHFDataset(f, tok, {"max_prompt_length": 64, **cfg})
+        RLHFDataset(f, tok, _cfg(max_prompt_length=64, **cfg))
     return f, str(err.value)
 
 
@@ -157,43 +164,30 @@ def test_error_empty_prompt(tmp_path, tok):
 def test_error_missing_and_unreadable_files(tmp_path, tok):
     missing = str(tmp_path / "nope.parquet")
     with pytest.raises(ValueError, match=f"data file '{missing}' does not exist"):
-        RLHFDataset([missing], tok, {})
+        RLHFDataset([missing], tok, _cfg())
     garbage = tmp_path / "garbage.parquet"
     garbage.write_bytes(b"not a parquet file at all")
     with pytest.raises(ValueError, match=f"cannot read parquet file '{garbage}'"):
-        RLHFDataset([str(garbage)], tok, {})
+        RLHFDataset([str(garbage)], tok, _cfg())
     bad_json = tmp_path / "bad.jsonl"
     bad_json.write_text(json.dumps(row("a")) + "\n{oops\n")
     with pytest.raises(ValueError, match=f"file '{bad_json}', line 2: invalid JSON"):
-        RLHFDataset([str(bad_json)], tok, {})
+        RLHFDataset([str(bad_json)], tok, _cfg())
     csv = tmp_path / "data.csv"
     csv.write_text("a,b\n")
     with pytest.raises(ValueError, match=r"unknown suffix '\.csv'"):
-        RLHFDataset([str(csv)], tok, {})
+        RLHFDataset([str(csv)], tok, _cfg())
 
 
-def test_bad_config_values(tok, tmp_path):
+def test_bad_truncation_is_refused(tok, tmp_path):
     f = write_parquet([row("a")], tmp_path / "f.parquet")
     with pytest.raises(ValueError, match=r"data\.truncation='cut' must be one of"):
-        RLHFDataset(f, tok, {"truncation": "cut"})
-    with pytest.raises(ValueError, match=r"data\.max_prompt_length=0 must be positive"):
-        RLHFDataset(f, tok, {"max_prompt_length": 0})
-
-
-def test_config_from_omegaconf_ignores_other_keys(tmp_path, tok):
-    from omegaconf import OmegaConf
-
-    f = write_parquet([row("ab")], tmp_path / "f.parquet")
-    cfg = OmegaConf.create(
-        {"train_files": [f], "train_batch_size": 4, "max_prompt_length": 22, "shuffle": True}
-    )
-    ds = RLHFDataset(OmegaConf.to_container(cfg)["train_files"], tok, cfg)
-    assert ds[0]["input_ids"].tolist() == [0, *ids_of("ab")]
+        RLHFDataset(f, tok, _cfg(truncation="cut"))
 
 
 def test_collate_fn_to_dataproto(tmp_path, tok):
     f = write_parquet([row("ab", index=0), row("cd", index=1), row("efg", index=2)], tmp_path / "f.parquet")
-    ds = RLHFDataset(f, tok, {"max_prompt_length": 24})
+    ds = RLHFDataset(f, tok, _cfg(max_prompt_length=24))
     batch = collate_fn([ds[0], ds[1], ds[2]])
     assert batch["input_ids"].shape == (3, 24) and batch["attention_mask"].shape == (3, 24)
     assert batch["position_ids"][2].tolist() == [0, 0, *range(22)]
@@ -213,7 +207,7 @@ def test_missing_columns_filled_and_logged(tmp_path, tok, caplog):
     a = write_jsonl(tmp_path / "a.jsonl", [row("x")])
     b = write_jsonl(tmp_path / "b.jsonl", [{"prompt": [{"role": "user", "content": "y"}]}])
     with caplog.at_level(logging.WARNING, logger="rlflow.data.rl_dataset"):
-        ds = RLHFDataset([a, b], tok, {"max_prompt_length": 32})
+        ds = RLHFDataset([a, b], tok, _cfg(max_prompt_length=32))
     assert ds[1]["data_source"] is None and ds[1]["reward_model"] is None and ds[1]["index"] == 1
     assert f"1 row(s) of {b} lack column 'data_source'; filled with None" in caplog.text
     assert a not in caplog.text

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from torch.utils.data import Dataset
 
-from rlflow.data.rl_dataset import create_rl_dataloader, create_rl_sampler
+from rlflow.data.rl_dataset import create_rl_dataloader
 from rlflow.data.sampler import StatefulSampler
 
 
@@ -98,9 +98,3 @@ def test_state_mismatch_errors():
         create_rl_dataloader(Indices(10), 2, seed=0, collate=as_list).load_state_dict(state)
     with pytest.raises(ValueError, match="batch_size=20 exceeds the dataset size 10"):
         create_rl_dataloader(Indices(10), 20, collate=as_list)
-
-
-def test_create_rl_sampler_from_config():
-    s = create_rl_sampler({"shuffle": False, "seed": 5}, Indices(4))
-    assert list(s) == [0, 1, 2, 3] and s.seed == 5
-    assert create_rl_sampler(None, Indices(4)).shuffle

@@ -80,7 +80,7 @@ def _batch() -> DataProto:
             "ref_log_prob": (-4.5 + 0.3 * torch.randn(BS, RESPONSE, generator=g)) * response_mask,
             "advantages": torch.randn(BS, RESPONSE, generator=g) * response_mask,
         },
-        meta_info={"temperature": 0.9, "global_steps": 1},
+        meta_info={"global_steps": 1},
     )
 
 
@@ -111,33 +111,39 @@ def _build(kind: str, settings: dict, world: int):
     return model, dims, groups
 
 
-def _role_config(settings: dict, per_rank: int, loss_agg_mode: str) -> dict:
-    dynamic = settings.get("dynamic")
-    return {
-        "ppo_mini_batch_size": per_rank,
-        "ppo_micro_batch_size_per_gpu": settings.get("micro"),
-        "forward_micro_batch_size_per_gpu": settings.get("micro"),
-        "log_prob_micro_batch_size_per_gpu": settings.get("micro"),
-        "use_dynamic_bsz": dynamic is not None,
-        "log_prob_use_dynamic_bsz": dynamic is not None,
-        "ppo_max_token_len_per_gpu": dynamic,
-        "forward_max_token_len_per_gpu": dynamic,
-        "log_prob_max_token_len_per_gpu": dynamic,
-        "ppo_epochs": 1,
-        "shuffle": False,
-        "cliprange_value": 0.2,
-        "clip_ratio": 0.2,
-        "clip_ratio_c": 3.0,
-        "loss_agg_mode": loss_agg_mode,
-        "entropy_coeff": 0.01,
-        "use_kl_loss": True,
-        "kl_loss_coef": 0.1,
-        "kl_loss_type": "low_var_kl",
-        "grad_clip": 1.0e9,
-        "ulysses_sequence_parallel_size": settings.get("sp", 1),
-        "use_remove_padding": bool(settings.get("rmpad")),
-        "model": {"use_remove_padding": bool(settings.get("rmpad"))},
-    }
+def _role(kind: str, settings: dict, model, optim, groups: dict, per_rank: int, loss_agg_mode: str):
+    """The engine role with the variant's per-rank batching and the loss settings of every variant."""
+    from rlflow.config import config_section
+    from rlflow.engine.actor import DataParallelPPOActor
+    from rlflow.engine.batching import MicroBatchSpec, UpdateSpec
+    from rlflow.engine.critic import DataParallelPPOCritic
+
+    dynamic, sp = settings.get("dynamic"), settings.get("sp", 1)
+    micro = MicroBatchSpec(
+        use_dynamic_bsz=dynamic is not None,
+        samples_per_micro_batch=settings.get("micro"),
+        max_tokens_per_rank=None if dynamic is None else dynamic * sp,
+    )
+    update = UpdateSpec(samples_per_mini_batch=per_rank, grad_clip=1.0e9, micro=micro)
+    rmpad = bool(settings.get("rmpad"))
+    if kind == "critic":
+        cfg = config_section("critic", cliprange_value=0.2, loss_agg_mode=loss_agg_mode)
+        return DataParallelPPOCritic(
+            cfg, model, optim, update=update, forward=micro, use_remove_padding=rmpad, **groups
+        )
+    cfg = config_section(
+        "actor_rollout_ref.actor",
+        clip_ratio=0.2,
+        clip_ratio_c=3.0,
+        loss_agg_mode=loss_agg_mode,
+        entropy_coeff=0.01,
+        use_kl_loss=True,
+        kl_loss_coef=0.1,
+        kl_loss_type="low_var_kl",
+    )
+    return DataParallelPPOActor(
+        cfg, model, optim, update=update, log_prob=micro, temperature=0.9, use_remove_padding=rmpad, **groups
+    )
 
 
 def _shard(data: DataProto, dp_rank: int, dp_size: int) -> DataProto:
@@ -146,22 +152,18 @@ def _shard(data: DataProto, dp_rank: int, dp_size: int) -> DataProto:
 
 
 def _run_one(kind: str, settings: dict, world: int, loss_agg_mode: str) -> dict:
-    from rlflow.engine.actor import DataParallelPPOActor
-    from rlflow.engine.critic import DataParallelPPOCritic
     from rlflow.parallel.sharded import gather_full_params
 
     model, dims, groups = _build(kind, settings, world)
     before = {k: v.clone() for k, v in gather_full_params(model).items()}
     data = _shard(_batch(), dims.dp_rank, dims.dp_size)
-    cfg = _role_config(settings, len(data), loss_agg_mode)
     optim = torch.optim.SGD(model.parameters(), lr=1.0)
+    role = _role(kind, settings, model, optim, groups, len(data), loss_agg_mode)
     if kind == "critic":
-        role = DataParallelPPOCritic(cfg, model, optim, **groups)
         forward_out = role.compute_values(data)
         metrics = role.update_critic(data)
         loss = metrics["critic/vf_loss"]
     else:
-        role = DataParallelPPOActor(cfg, model, optim, **groups)
         forward_out, _ = role.compute_log_prob(data)
         metrics = role.update_policy(data)
         loss = metrics["actor/pg_loss"]
@@ -248,7 +250,6 @@ def test_metrics_are_averaged_not_summed(results):
 
 
 def _nan_worker(rank: int) -> dict:
-    from rlflow.engine.critic import DataParallelPPOCritic
     from rlflow.parallel.sharded import gather_full_params
 
     torch.set_num_threads(1)
@@ -257,7 +258,7 @@ def _nan_worker(rank: int) -> dict:
     data.batch["returns"][2, 0] = float("nan")  # one valid token of one sample
     optim = torch.optim.AdamW(model.parameters(), lr=0.1)
     before = {k: v.clone() for k, v in gather_full_params(model).items()}
-    critic = DataParallelPPOCritic(_role_config({"micro": 4}, 8, "token-mean"), model, optim, **groups)
+    critic = _role("critic", {"micro": 4}, model, optim, groups, 8, "token-mean")
     metrics = critic.update_critic(data)
     after = gather_full_params(model)
     return {

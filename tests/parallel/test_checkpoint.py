@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlflow.config.schema import OptimConfig
 from rlflow.engine.optim import build_lr_scheduler, build_optimizer
 from rlflow.models.tiny import TinyModelConfig, build_tiny_model, build_tiny_tokenizer
 from rlflow.parallel.checkpoint import (
@@ -30,13 +31,9 @@ from rlflow.parallel.distributed import spawn_workers
 from rlflow.parallel.fsdp import build_sharded_model
 
 CFG = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, max_position_embeddings=64)
-OPTIM = {
-    "lr": 1e-2,
-    "weight_decay": 0.1,
-    "lr_scheduler_type": "cosine",
-    "lr_warmup_steps": 1,
-    "min_lr_ratio": 0.1,
-}
+OPTIM = OptimConfig(
+    lr=1e-2, weight_decay=0.1, lr_scheduler_type="cosine", lr_warmup_steps=1, min_lr_ratio=0.1
+)
 TOTAL_STEPS = 10
 TEXT = "hello world, 12 + 30 = 42"
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rlflow.config.schema import MixedPrecisionSection
+from rlflow.config.schema import MixedPrecisionSection, OptimConfig
 from rlflow.engine.optim import build_optimizer
 from rlflow.models.tiny import TinyModelConfig, build_tiny_model
 from rlflow.parallel.dims import ParallelDims, validate_parallel_sizes
@@ -31,7 +31,7 @@ from rlflow.parallel.sharded import (
 CFG = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, max_position_embeddings=64)
 # eps 1e-6: Adam's first update g / (|g| + eps) is ill-conditioned for |g| ~ eps, and gradients of ~1e-9
 # differ in their last bits between sharded and unsharded reductions.
-OPTIM = {"lr": 1e-2, "betas": [0.9, 0.95], "weight_decay": 0.1, "eps": 1e-6}
+OPTIM = OptimConfig(lr=1e-2, betas=[0.9, 0.95], weight_decay=0.1, eps=1e-6)
 MAX_NORM = 0.05  # below the gradient norm (~1-3), so clipping really scales the gradients
 VARIANTS = {
     # name: (strategy, fsdp_size, rank0_only_load, gradient checkpointing, mixed precision)

@@ -71,12 +71,12 @@ def test_signature_errors(reward_file):
 
 
 def test_load_errors(reward_file, tmp_path):
-    with pytest.raises(ValueError, match=r"custom_reward_function\.name='missing': no such attribute in"):
+    with pytest.raises(ValueError, match=r"custom_reward_function\.name='missing' is not defined in"):
         load_custom_reward_fn(reward_file, "missing")
-    with pytest.raises(ValueError, match=r"custom_reward_function\.name='NOT_CALLABLE' .* is not callable"):
+    with pytest.raises(ValueError, match=r"custom_reward_function\.name='NOT_CALLABLE' .* not callable"):
         load_custom_reward_fn(reward_file, "NOT_CALLABLE")
     missing = str(tmp_path / "nope.py")
-    with pytest.raises(ValueError, match=f"custom_reward_function.path='{missing}': file not found"):
+    with pytest.raises(ValueError, match=f"custom_reward_function.path='{missing}': no such file"):
         load_custom_reward_fn(missing)
     broken = tmp_path / "broken.py"
     broken.write_text("import not_a_module_anywhere\n")
@@ -85,15 +85,10 @@ def test_load_errors(reward_file, tmp_path):
 
 
 def test_get_custom_reward_fn_from_config(reward_file):
-    assert get_custom_reward_fn({"custom_reward_function": {"path": None, "name": "compute_score"}}) is None
-    assert get_custom_reward_fn({}) is None
+    from rlflow.config import config_section
+
+    assert get_custom_reward_fn(config_section("custom_reward_function")) is None
     fn = get_custom_reward_fn(
-        {
-            "custom_reward_function": {
-                "path": reward_file,
-                "name": "compute_score",
-                "reward_kwargs": {"bonus": 1.0},
-            }
-        }
+        config_section("custom_reward_function", path=reward_file, reward_kwargs={"bonus": 1.0})
     )
     assert fn(data_source="d", solution_str="x", ground_truth="y", extra_info=None) == 1.0

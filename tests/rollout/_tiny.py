@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from rlflow.config import config_section
 from rlflow.models.tiny import TinyModelConfig, build_tiny_model
 from rlflow.protocol import DataProto
 
@@ -19,6 +20,11 @@ TINY = TinyModelConfig(
     max_position_embeddings=128,
     initializer_range=0.2,  # peaked next-token distributions: greedy margins far above fp noise
 )
+
+
+def rollout_config(**overrides):
+    """The default ``actor_rollout_ref.rollout`` section with ``overrides`` (``val_kwargs__n=2``)."""
+    return config_section("actor_rollout_ref.rollout", **overrides)
 
 
 def tiny_model(seed: int = 0) -> torch.nn.Module:

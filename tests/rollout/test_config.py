@@ -1,4 +1,5 @@
-"""Rollout config, per-call sampling resolution, engine selection and the vLLM install error."""
+"""Per-call sampling resolution from the rollout section, engine selection and the vLLM install error
+(the section's validation is in tests/config/test_config.py)."""
 
 from __future__ import annotations
 
@@ -6,52 +7,22 @@ import importlib.util
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from rlflow.rollout import get_rollout_class
-from rlflow.rollout.base import (
-    RolloutConfig,
-    ValKwargs,
-    build_rollout_output,
-    resolve_sampling_params,
-)
+from rlflow.rollout import ROLLOUT_CLASSES, get_rollout_class
+from rlflow.rollout.base import build_rollout_output, resolve_sampling_params
 from rlflow.rollout.hf import HFRollout
 
-from ._tiny import make_prompts, tiny_model
+from ._tiny import make_prompts, rollout_config, tiny_model
 
 
-def test_from_dict_defaults_and_nested_val_kwargs():
-    cfg = RolloutConfig.from_dict({"temperature": 0.7, "n": 4, "val_kwargs": {"n": 2, "do_sample": True}})
-    assert cfg.temperature == 0.7 and cfg.n == 4 and cfg.top_k == -1 and cfg.name == "hf"
-    assert cfg.val_kwargs == ValKwargs(temperature=0.0, top_p=1.0, top_k=-1, do_sample=True, n=2)
-    omega = RolloutConfig.from_dict(OmegaConf.create({"top_p": 0.9, "val_kwargs": {"top_k": 5}}))
-    assert omega.top_p == 0.9 and omega.val_kwargs.top_k == 5
-    assert RolloutConfig.from_dict(None) == RolloutConfig()
+def test_engine_names_agree_with_the_config_validation():
+    from rlflow.config.validate import ROLLOUT_NAMES
 
-
-@pytest.mark.parametrize(
-    ("values", "message"),
-    [
-        ({"tempreature": 1.0}, "actor_rollout_ref.rollout.tempreature"),
-        ({"val_kwargs": {"topp": 1.0}}, "actor_rollout_ref.rollout.val_kwargs.topp"),
-        ({"top_p": 0.0}, "actor_rollout_ref.rollout.top_p"),
-        ({"top_k": -2}, "actor_rollout_ref.rollout.top_k"),
-        ({"n": 0}, "actor_rollout_ref.rollout.n"),
-        ({"temperature": -0.1}, "actor_rollout_ref.rollout.temperature"),
-        ({"response_length": 0}, "actor_rollout_ref.rollout.response_length"),
-        ({"micro_batch_size": 0}, "actor_rollout_ref.rollout.micro_batch_size"),
-        ({"do_sample": 1}, "actor_rollout_ref.rollout.do_sample"),
-        ({"calculate_log_probs": "yes"}, "actor_rollout_ref.rollout.calculate_log_probs"),
-        ({"val_kwargs": {"n": 0}}, "actor_rollout_ref.rollout.val_kwargs.n"),
-    ],
-)
-def test_bad_config_names_the_key(values, message):
-    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
-        RolloutConfig.from_dict(values)
+    assert set(ROLLOUT_NAMES) == set(ROLLOUT_CLASSES)
 
 
 def test_resolve_sampling_params_precedence():
-    cfg = RolloutConfig.from_dict({"temperature": 0.9, "top_k": 20, "n": 4, "response_length": 16})
+    cfg = rollout_config(temperature=0.9, top_k=20, n=4, response_length=16)
     train = resolve_sampling_params(cfg, {})
     assert (train.temperature, train.top_k, train.n, train.do_sample, train.greedy) == (
         0.9,
@@ -79,7 +50,7 @@ def test_get_rollout_class():
 def test_vllm_missing_gives_install_command():
     cls = get_rollout_class("vllm")  # importing the module works without vLLM
     with pytest.raises(ImportError, match=r"pip install rlflow\[vllm\]"):
-        cls(torch.nn.Linear(2, 2), RolloutConfig(name="vllm"))
+        cls(torch.nn.Linear(2, 2), rollout_config(name="vllm"))
 
 
 def test_build_rollout_output_hand_checked():
@@ -113,11 +84,11 @@ def test_build_rollout_output_hand_checked():
 
 
 def test_bad_prompts_raise():
-    rollout = HFRollout(tiny_model(), {"response_length": 2, "prompt_length": 4})
+    rollout = HFRollout(tiny_model(), rollout_config(response_length=2, prompt_length=4))
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.prompt_length=4"):
         rollout.generate_sequences(make_prompts([[5] * 6], width=6, meta_info={"eos_token_id": 2}))
     with pytest.raises(ValueError, match="eos_token_id"):
-        HFRollout(torch.nn.Linear(2, 2), {}).generate_sequences(make_prompts([[5]], width=2))
+        HFRollout(torch.nn.Linear(2, 2), rollout_config()).generate_sequences(make_prompts([[5]], width=2))
     with pytest.raises(ValueError, match="all-zero attention_mask"):
         rollout.generate_sequences(make_prompts([[5, 6], []], width=3, meta_info={"eos_token_id": 2}))
 
@@ -125,7 +96,7 @@ def test_bad_prompts_raise():
 def test_vllm_sampling_kwargs_mapping():
     from rlflow.rollout.vllm import to_vllm_sampling_kwargs
 
-    cfg = RolloutConfig.from_dict({"temperature": 0.7, "top_k": 0, "top_p": 0.9, "response_length": 32})
+    cfg = rollout_config(temperature=0.7, top_k=0, top_p=0.9, response_length=32)
     kw = to_vllm_sampling_kwargs(resolve_sampling_params(cfg, {}), seed=123, calculate_log_probs=True)
     assert kw == {
         "n": 1,

@@ -8,7 +8,7 @@ import torch
 from rlflow.protocol import DataProto
 from rlflow.rollout.hf import HFRollout
 
-from ._tiny import PAD_ID, make_prompts, random_token_lists, tiny_model
+from ._tiny import PAD_ID, make_prompts, random_token_lists, rollout_config, tiny_model
 
 LENGTHS = [5, 9, 3, 12]
 WIDTH = 12
@@ -26,7 +26,7 @@ def tokens() -> list[list[int]]:
 
 
 def _generate(model, token_lists, width=WIDTH, meta=None, non_tensors=None, **cfg) -> DataProto:
-    config = {"response_length": RESPONSE_LENGTH, "prompt_length": 32, **cfg}
+    config = rollout_config(**{"response_length": RESPONSE_LENGTH, "prompt_length": 32, **cfg})
     prompts = make_prompts(token_lists, width, meta_info=meta, non_tensors=non_tensors)
     return HFRollout(model, config).generate_sequences(prompts)
 
@@ -145,12 +145,12 @@ def test_seeded_determinism_and_micro_batch_invariance(model, tokens):
     assert not torch.equal(a["responses"], other_seed["responses"])
     assert not torch.equal(a["responses"], other_step["responses"])
     # without global_steps, successive calls of one engine draw fresh samples; a new engine restarts
-    rollout = HFRollout(model, {"response_length": RESPONSE_LENGTH, "prompt_length": 32, **kw})
+    rollout = HFRollout(model, rollout_config(response_length=RESPONSE_LENGTH, prompt_length=32, **kw))
     prompts = make_prompts(tokens, WIDTH, meta_info={"eos_token_id": 2})
     first, second = rollout.generate_sequences(prompts), rollout.generate_sequences(prompts)
     assert not torch.equal(first.batch["responses"], second.batch["responses"])
     again = HFRollout(
-        model, {"response_length": RESPONSE_LENGTH, "prompt_length": 32, **kw}
+        model, rollout_config(response_length=RESPONSE_LENGTH, prompt_length=32, **kw)
     ).generate_sequences(prompts)
     assert torch.equal(first.batch["responses"], again.batch["responses"])
 
@@ -236,9 +236,16 @@ def test_rollout_trainer_agreement(model, tokens, use_remove_padding):
         n=2,
         calculate_log_probs=True,
     )
-    actor_config = {"use_remove_padding": use_remove_padding, "log_prob_micro_batch_size_per_gpu": 4}
-    actor = DataParallelPPOActor(actor_config, model)
-    out.meta_info["temperature"] = temperature
+    from rlflow.config import config_section
+    from rlflow.engine.batching import MicroBatchSpec
+
+    actor = DataParallelPPOActor(
+        config_section("actor_rollout_ref.actor"),
+        model,
+        log_prob=MicroBatchSpec(samples_per_micro_batch=4),
+        temperature=temperature,
+        use_remove_padding=use_remove_padding,
+    )
     log_probs, _ = actor.compute_log_prob(out)
     mask = out.batch["response_mask"].bool()
     assert (log_probs[mask] - out.batch["rollout_log_probs"][mask]).abs().max() <= 1e-5
@@ -262,7 +269,7 @@ def test_samples_do_not_depend_on_the_data_parallel_split(model):
     or 3 data-parallel ranks (equal chunks, as the dispatcher makes them) give the same responses — so a
     run resumed on another world size, or a layout with another DP size, samples the same tokens."""
     prompts = random_token_lists([5, 9, 3, 12, 7, 4], seed=3)
-    cfg = {"response_length": RESPONSE_LENGTH, "prompt_length": 32, "n": 2, "temperature": 1.0, "seed": 11}
+    cfg = rollout_config(response_length=RESPONSE_LENGTH, prompt_length=32, n=2, temperature=1.0, seed=11)
     meta = {"eos_token_id": 2, "global_steps": 4}
 
     def split(dp: int) -> torch.Tensor:

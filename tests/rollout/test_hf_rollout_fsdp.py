@@ -15,19 +15,19 @@ from rlflow.parallel.fsdp import apply_fsdp
 from rlflow.parallel.sharded import gather_full_params
 from rlflow.rollout.hf import HFRollout
 
-from ._tiny import make_prompts, random_token_lists, tiny_model
+from ._tiny import make_prompts, random_token_lists, rollout_config, tiny_model
 
 WORLD = 2
-CONFIG = {
-    "prompt_length": 16,
-    "response_length": 12,
-    "temperature": 0.8,
-    "top_k": 40,
-    "seed": 5,
-    "calculate_log_probs": True,
-    "micro_batch_size": 2,
-    "n": 2,
-}
+CONFIG = dict(
+    prompt_length=16,
+    response_length=12,
+    temperature=0.8,
+    top_k=40,
+    seed=5,
+    calculate_log_probs=True,
+    micro_batch_size=2,
+    n=2,
+)
 RANK_LENGTHS = {0: [6, 3, 9], 1: [4, 10, 7, 2, 5]}
 RANK_META = {0: {"eos_token_id": [2, 7, 11], "response_length": 4}, 1: {"eos_token_id": 2}}
 
@@ -48,7 +48,7 @@ def _worker(rank: int) -> dict:
     for strategy in ("fsdp2", "fsdp"):
         sharded = apply_fsdp(tiny_model(seed=0), dims, strategy=strategy)
         calls = _count_forwards(sharded)
-        rollout = HFRollout(sharded, CONFIG, dp_rank=rank)
+        rollout = HFRollout(sharded, rollout_config(**CONFIG), dp_rank=rank)
         out = rollout.generate_sequences(_prompts(rank))
         result[strategy] = {
             k: out.batch[k].clone() for k in ("responses", "response_mask", "rollout_log_probs")
@@ -57,7 +57,7 @@ def _worker(rank: int) -> dict:
         result[f"{strategy}_freed"] = rollout.replica is None
     # keep the replica between calls; a weight change on the shards must reach it on the next call
     sharded = apply_fsdp(tiny_model(seed=0), dims, strategy="fsdp2")
-    rollout = HFRollout(sharded, {**CONFIG, "free_cache_engine": False}, dp_rank=rank)
+    rollout = HFRollout(sharded, rollout_config(**CONFIG, free_cache_engine=False), dp_rank=rank)
     rollout.generate_sequences(_prompts(rank))
     replica = rollout.replica
     with torch.no_grad():
@@ -79,7 +79,8 @@ def test_fsdp_generation_no_hang_and_matches_single_process():
     torch.set_num_threads(1)  # the ranks ran with one thread: same kernels, same rounding
     try:
         for rank, res in enumerate(results):
-            ref = HFRollout(reference_model, CONFIG, dp_rank=rank).generate_sequences(_prompts(rank)).batch
+            ref = HFRollout(reference_model, rollout_config(**CONFIG), dp_rank=rank)
+            ref = ref.generate_sequences(_prompts(rank)).batch
             for strategy in ("fsdp2", "fsdp"):
                 got = res[strategy]
                 assert torch.equal(got["responses"], ref["responses"]), (rank, strategy)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlflow.rollout.base import SamplingParams
-from rlflow.rollout.hf import apply_top_k, apply_top_p, counter_uniform, row_keys, sample_next_token
+from rlflow.rollout.sampling import apply_top_k, apply_top_p, counter_uniform, row_keys, sample_next_token
 
 NEG_INF = float("-inf")
 

@@ -17,18 +17,14 @@ def test_vllm_greedy_matches_hf_and_has_the_same_format(tmp_path):
     from rlflow.parallel.distributed import init_distributed
     from rlflow.rollout.hf import HFRollout
     from rlflow.rollout.vllm import VLLMRollout
-    from tests.rollout._tiny import TINY, make_prompts, tiny_model
+    from tests.rollout._tiny import TINY, make_prompts, rollout_config, tiny_model
 
     init_distributed()
     path = save_tiny_model(tmp_path / "tiny", TINY, seed=0)
     model = tiny_model(seed=0).cuda()
-    cfg = {
-        "response_length": 8,
-        "prompt_length": 8,
-        "do_sample": False,
-        "calculate_log_probs": True,
-        "seed": 0,
-    }
+    cfg = rollout_config(
+        response_length=8, prompt_length=8, do_sample=False, calculate_log_probs=True, seed=0
+    )
     prompts = make_prompts(
         [[5, 6, 7], [8, 9, 10, 11, 12]], width=8, meta_info={"eos_token_id": 2, "pad_token_id": 0}
     )

@@ -16,7 +16,6 @@ import torch
 from rlflow.protocol import DataProto, DataProtoFuture, FutureSlice
 from rlflow.single_controller import (
     Dispatch,
-    Execute,
     RayClassWithInitArgs,
     RayResourcePool,
     RayWorkerGroup,
@@ -40,22 +39,6 @@ class EchoWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def rank_plus(self, x: int) -> int:
         return self.rank * 100 + x
-
-    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
-    def square(self, x: int) -> int:
-        return x * x + self.rank
-
-    @register(dispatch_mode=Dispatch.RANK_ZERO)
-    def who(self) -> int:
-        return self.rank
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
-    def only_zero(self, x: int) -> tuple[int, int]:
-        return self.rank, x
-
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
-    def dp_plain(self, x: int) -> int:
-        return x + 10 * self.rank
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def double(self, data: DataProto) -> DataProto:
@@ -81,10 +64,6 @@ class EchoWorker(Worker):
     def repeat_twice(self, data: DataProto) -> DataProto:
         """Two output rows per input row (like n=2 responses per prompt), repeated in place."""
         return data.repeat(2, interleave=True)
-
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO_WITH_FUNC)
-    def apply(self, fn, data: DataProto) -> DataProto:
-        return DataProto.from_dict(tensors={"y": fn(data.batch["x"])})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def placement(self) -> tuple[int, str | None, tuple[str, int]]:
@@ -168,15 +147,9 @@ def group2(pool2):
     wg.shutdown()
 
 
-def test_simple_dispatch_modes(group2):
+def test_one_to_all(group2):
     assert group2.world_size == 2
     assert group2.rank_plus(7) == [7, 107]
-    assert group2.square([3, 4]) == [9, 17]
-    assert group2.who() == 0
-    assert group2.only_zero(5) == (0, 5)
-    assert group2.dp_plain([1, 2]) == [1, 12]
-    with pytest.raises(ValueError, match="one entry per rank"):
-        group2.square([1, 2, 3])
 
 
 def test_dp_compute_proto_even_and_uneven(group2):
@@ -209,11 +182,6 @@ def test_padding_stripped_from_outputs_with_several_rows_per_input(group2):
         "s4",
         "s4",
     ]
-
-
-def test_dp_compute_proto_with_func(group2):
-    out = group2.apply(torch.square, _data(3))
-    assert out.batch["y"].tolist() == [0.0, 1.0, 4.0]
 
 
 def test_mesh_dispatch_sp_peers_share_and_only_collect_ranks_gathered():

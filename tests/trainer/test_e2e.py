@@ -316,7 +316,7 @@ def test_kl_in_reward_kl_loss_and_custom_reward(tmp_path):
 
 def test_greedy_training_rollouts(tmp_path):
     """``rollout.do_sample=false temperature=0``: greedy rollouts, log-probs at temperature 1 in both the
-    rollout and the trainer (they agree to float precision)."""
+    rollout and the trainer (they agree to float precision); with truncated importance sampling on."""
     cfg = load_config(
         _overrides(
             tmp_path,
@@ -324,11 +324,14 @@ def test_greedy_training_rollouts(tmp_path):
             "actor_rollout_ref.rollout.do_sample=false",
             "actor_rollout_ref.rollout.temperature=0",
             "actor_rollout_ref.rollout.calculate_log_probs=true",
+            "actor_rollout_ref.actor.tis_imp_ratio_cap=2.0",
         )
     )
     last = run_ppo(cfg)["history"][-1]
     assert math.isfinite(last["actor/pg_loss"])
     assert last["training/rollout_probs_diff_max"] < 1e-4
+    # truncated importance weights: rollout and trainer agree, so every weight is 1 up to float noise
+    assert last["actor/tis_weight_mean"] == pytest.approx(1.0, abs=1e-4)
 
 
 def test_resume_on_another_world_size(tmp_path, caplog):

@@ -1,0 +1,85 @@
+"""`ActorRolloutWorker`: the policy's Ray actor — rollout, old log-probs and the PPO update."""
+
+from __future__ import annotations
+
+import torch
+
+from rlflow.engine.actor import DataParallelPPOActor
+from rlflow.engine.batching import actor_update_spec, log_prob_spec
+from rlflow.models.loader import load_tokenizer
+from rlflow.parallel.fsdp import mixed_precision_dtypes
+from rlflow.protocol import DataProto
+from rlflow.rollout import get_rollout_class
+from rlflow.rollout.base import logprob_temperature
+from rlflow.single_controller import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from rlflow.workers.base import RoleWorker
+from rlflow.workers.role_setup import actor_layout, metrics_proto, model_path, timed_call, tokenizer_path
+
+__all__ = ["ActorRolloutWorker"]
+
+
+class ActorRolloutWorker(RoleWorker):
+    """The policy: generation (``actor_rollout_ref.rollout``), log-probs, PPO update."""
+
+    mesh_name = "actor"
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def init_model(self) -> None:
+        arr = self.config.actor_rollout_ref
+        actor, rollout = arr.actor, arr.rollout
+        layout = actor_layout(self.config)
+        self._build("causal_lm", layout, actor.optim)
+        dims = self.parallel.dims
+        self.actor = DataParallelPPOActor(
+            actor,
+            self.module,
+            self.optimizer,
+            update=actor_update_spec(actor, rollout.n, dims.dp_size, self.config.trainer.seed),
+            log_prob=log_prob_spec(
+                rollout.log_prob_use_dynamic_bsz,
+                rollout.log_prob_micro_batch_size_per_gpu,
+                rollout.log_prob_max_token_len_per_gpu,
+                dims.sp_size,
+            ),
+            temperature=logprob_temperature(rollout.temperature),
+            use_remove_padding=arr.model.use_remove_padding,
+            **self._groups(),
+        )
+        self.tokenizer = load_tokenizer(
+            tokenizer_path(arr.model), trust_remote_code=arr.model.trust_remote_code
+        )
+        extra = {"model_path": model_path(arr.model)} if rollout.name == "vllm" else {}
+        param_dtype = mixed_precision_dtypes(actor.fsdp_config.mixed_precision)[0]
+        self.rollout = get_rollout_class(rollout.name)(
+            self.module, rollout, self.tokenizer, dp_rank=dims.dp_rank, compute_dtype=param_dtype, **extra
+        )
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        metrics: dict[str, float] = {}
+        with timed_call("actor/generate", metrics):
+            out = self.rollout.generate_sequences(prompts)
+        out.meta_info.setdefault("metrics", {}).update(metrics)
+        return out
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs`` of the responses, and ``actor/entropy`` of the whole batch."""
+        metrics: dict[str, float] = {}
+        with timed_call("actor/compute_log_prob", metrics, int(data.batch["attention_mask"].sum())):
+            log_probs, entropy = self.actor.compute_log_prob(data, calculate_entropy=True)
+        mask = data.batch["response_mask"].to(entropy.dtype)
+        stats = torch.stack([(entropy * mask).sum(), mask.sum()]).double()
+        if self.parallel.dims.dp_size > 1:
+            torch.distributed.all_reduce(stats, group=self.parallel.dp_group)
+        metrics["actor/entropy"] = float(stats[0] / stats[1].clamp(min=1))
+        return DataProto.from_dict(tensors={"old_log_probs": log_probs}, meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
+    def update_actor(self, data: DataProto, adv: DataProto | None = None) -> DataProto:
+        """PPO update. ``adv`` is the critic group's future of ``advantages`` (routed here by sample
+        index); without a critic the batch already carries them."""
+        if adv is not None:
+            data.batch["advantages"] = adv.batch["advantages"]
+        metrics = self._optimizer_update("actor", self.actor.update_policy, data)
+        return metrics_proto(len(data), metrics)

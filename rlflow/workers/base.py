@@ -1,0 +1,143 @@
+"""`RoleWorker`: what every model-holding role shares inside its Ray actor.
+
+A role worker receives the whole typed config (`rlflow.config.schema.PPOTrainerConfig`) and the run's
+total number of training steps, joins its role's process group, builds its sharded model (and optimizer),
+registers its data-parallel rank for mesh dispatch, and offers checkpointing and HF export. The roles
+(`rlflow.workers.actor_rollout`, `rlflow.workers.ref`, `rlflow.workers.critic`,
+`rlflow.workers.reward_model`) add their data methods.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from rlflow.config.reads import track_reads, tracking_enabled
+from rlflow.config.schema import OptimConfig, PPOTrainerConfig
+from rlflow.engine.optim import build_lr_scheduler, build_optimizer
+from rlflow.models.loader import load_tokenizer
+from rlflow.parallel.checkpoint import export_hf, load_checkpoint, save_checkpoint
+from rlflow.parallel.sharded import load_optimizer_to_device, offload_optimizer_to_cpu
+from rlflow.protocol import DataProto
+from rlflow.single_controller import Dispatch, Worker, register
+from rlflow.workers.role_setup import (
+    RoleLayout,
+    build_role_module,
+    model_path,
+    peak_memory_metrics,
+    setup_role_parallel,
+    timed_call,
+    tokenizer_path,
+)
+
+__all__ = ["RoleWorker"]
+
+
+def _hf_config(model: Any) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_path(model), trust_remote_code=bool(model.trust_remote_code))
+
+
+class RoleWorker(Worker):
+    """Shared set-up: process group, meshes, dispatch registration, model, optional optimizer.
+
+    Args:
+        config: the typed trainer config.
+        total_training_steps: optimizer steps of the run (the learning-rate schedule's length).
+    """
+
+    mesh_name = ""
+
+    def __init__(self, config: PPOTrainerConfig, total_training_steps: int) -> None:
+        super().__init__()
+        if tracking_enabled():
+            track_reads(config)
+        self.config = config
+        self.total_training_steps = int(total_training_steps)
+        self.module: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.lr_scheduler: Any = None
+        self.layout: RoleLayout | None = None
+
+    def _build(self, kind: str, layout: RoleLayout, optim: OptimConfig | None) -> None:
+        seed = int(self.config.trainer.seed)
+        torch.manual_seed(seed)
+        self.layout = layout
+        self.parallel = setup_role_parallel(self.world_size, layout, _hf_config(layout.model))
+        dims = self.parallel.dims
+        self.register_dispatch_info(self.mesh_name, dims.dp_rank, dims.is_collect_rank)
+        self.module = build_role_module(kind, layout, self.parallel, seed)
+        if optim is not None:
+            key = f"{layout.key_prefix}.optim"
+            self.optimizer = build_optimizer(self.module.parameters(), optim)
+            self.lr_scheduler = build_lr_scheduler(self.optimizer, optim, self.total_training_steps, key)
+        self._offload_optimizer()
+
+    def _groups(self) -> dict[str, Any]:
+        p = self.parallel
+        return {"dp_group": p.dp_group, "sp_group": p.sp_group, "sync_group": p.sync_group}
+
+    @staticmethod
+    def _step(data: DataProto) -> int:
+        """The training step the driver states in ``meta_info["global_steps"]`` (required)."""
+        if "global_steps" not in data.meta_info:
+            raise ValueError("an update call needs meta_info['global_steps'] (the driver sets it per call)")
+        return int(data.meta_info["global_steps"])
+
+    def _optimizer_update(
+        self, prefix: str, update: Callable[[DataProto, int], dict[str, float]], data: DataProto
+    ) -> dict[str, float]:
+        """Run ``update(data, step)`` with the optimizer state on the device; record its metrics, the lr,
+        the timing and the peak memory; then step the lr scheduler once per training step."""
+        metrics: dict[str, float] = {}
+        self._load_optimizer()
+        with timed_call(f"{prefix}/update", metrics, int(data.batch["attention_mask"].sum())):
+            metrics.update(update(data, self._step(data)))
+        self._offload_optimizer()
+        metrics[f"{prefix}/lr"] = float(self.optimizer.param_groups[0]["lr"])
+        metrics.update(peak_memory_metrics("perf" if prefix == "actor" else f"perf/{prefix}"))
+        self.lr_scheduler.step()
+        return metrics
+
+    def _offload_optimizer(self) -> None:
+        """``fsdp_config.optimizer_offload``: keep the optimizer state on CPU between updates (GPU runs;
+        a logged no-op on CPU, where it already is)."""
+        if self.optimizer is not None and self.layout.fsdp.optimizer_offload:
+            offload_optimizer_to_cpu(self.optimizer)
+
+    def _load_optimizer(self) -> None:
+        if self.optimizer is not None and self.layout.fsdp.optimizer_offload:
+            load_optimizer_to_device(self.optimizer)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str, global_step: int = 0) -> None:
+        """Sharded model, optimizer, scheduler and RNG, plus ``huggingface/`` (config and tokenizer of the
+        base model) so that ``python -m rlflow.model_merger`` needs nothing else."""
+        self._load_optimizer()
+        save_checkpoint(
+            path, self.module, self.optimizer, self.lr_scheduler, extra_state={"global_step": global_step}
+        )
+        self._offload_optimizer()
+        if self.rank == 0:
+            model = self.layout.model
+            hf_dir = os.path.join(path, "huggingface")
+            trust = bool(model.trust_remote_code)
+            _hf_config(model).save_pretrained(hf_dir)
+            load_tokenizer(tokenizer_path(model), trust_remote_code=trust).save_pretrained(hf_dir)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        self._load_optimizer()
+        load_checkpoint(path, self.module, self.optimizer, self.lr_scheduler)
+        self._offload_optimizer()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_hf(self, out_dir: str) -> None:
+        """Write a HF model directory (with the tokenizer) that ``from_pretrained`` loads."""
+        model = self.layout.model
+        tokenizer = load_tokenizer(tokenizer_path(model), trust_remote_code=bool(model.trust_remote_code))
+        export_hf(self.module, tokenizer, out_dir)

@@ -1,0 +1,43 @@
+"""`RefWorker`: the frozen reference policy's Ray actor (``compute_ref_log_prob``)."""
+
+from __future__ import annotations
+
+from rlflow.engine.actor import DataParallelPPOActor
+from rlflow.engine.batching import log_prob_spec
+from rlflow.protocol import DataProto
+from rlflow.rollout.base import logprob_temperature
+from rlflow.single_controller import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from rlflow.workers.base import RoleWorker
+from rlflow.workers.role_setup import ref_layout
+
+__all__ = ["RefWorker"]
+
+
+class RefWorker(RoleWorker):
+    """The frozen reference policy: the actor's model, mesh and precision, no optimizer."""
+
+    mesh_name = "ref"
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def init_model(self) -> None:
+        arr = self.config.actor_rollout_ref
+        ref = arr.ref
+        self._build("causal_lm", ref_layout(self.config), optim=None)
+        self.ref = DataParallelPPOActor(
+            arr.actor,
+            self.module,
+            log_prob=log_prob_spec(
+                ref.log_prob_use_dynamic_bsz,
+                ref.log_prob_micro_batch_size_per_gpu,
+                ref.log_prob_max_token_len_per_gpu,
+                self.parallel.dims.sp_size,
+            ),
+            temperature=logprob_temperature(arr.rollout.temperature),
+            use_remove_padding=arr.model.use_remove_padding,
+            **self._groups(),
+        )
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("ref"))
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        log_probs, _ = self.ref.compute_log_prob(data)
+        return DataProto.from_dict(tensors={"ref_log_prob": log_probs})

@@ -1,0 +1,58 @@
+"""`RewardModelWorker`: a sequence-classification reward model's Ray actor."""
+
+from __future__ import annotations
+
+import torch
+
+from rlflow.config.reads import track_reads, tracking_enabled
+from rlflow.config.schema import PPOTrainerConfig
+from rlflow.models.loader import load_reward_model
+from rlflow.parallel.distributed import init_distributed
+from rlflow.protocol import DataProto
+from rlflow.reward.reward_model import compute_rm_score
+from rlflow.single_controller import Dispatch, Worker, register
+from rlflow.workers.role_setup import model_path
+
+__all__ = ["RewardModelWorker"]
+
+
+class RewardModelWorker(Worker):
+    """A sequence-classification reward model; scores go at the last valid response token.
+
+    Inference only: every rank holds a full copy (no FSDP) and scores its share of the samples in
+    micro-batches of ``reward_model.micro_batch_size_per_gpu``. It must share the policy's tokenizer.
+
+    Args:
+        config: the typed trainer config.
+        total_training_steps: unused (the roles share one constructor).
+    """
+
+    def __init__(self, config: PPOTrainerConfig, total_training_steps: int = 0) -> None:
+        super().__init__()
+        if tracking_enabled():
+            track_reads(config)
+        self.config = config
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def init_model(self) -> None:
+        init_distributed()
+        model = self.config.reward_model.model
+        self.module = load_reward_model(model_path(model), trust_remote_code=bool(model.trust_remote_code))
+        self.module.eval()
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        micro = int(self.config.reward_model.micro_batch_size_per_gpu)
+        parts = []
+        with torch.no_grad():
+            for mb in data.batch.split(micro):
+                parts.append(
+                    compute_rm_score(
+                        self.module,
+                        mb["input_ids"],
+                        mb["attention_mask"],
+                        mb["position_ids"],
+                        mb["responses"].shape[-1],
+                    )
+                )
+        return DataProto.from_dict(tensors={"rm_scores": torch.cat(parts)})

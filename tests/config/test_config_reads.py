@@ -1,0 +1,163 @@
+"""Every accepted config key is read by the code or refused by validation (nothing accepted and ignored).
+
+Two real runs (PPO with every role and most options on, then GRPO) record which keys rlflow code reads, in
+the driver and in every worker (`rlflow.config.reads`, ``RLFLOW_TRACK_CONFIG_READS=1``); the vLLM engine
+options are read by the function that maps them to ``vllm.LLM`` (no vLLM here). Every schema key must be
+read, refused (a non-default value raises ``ValueError`` naming it), or read while composing the config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from rlflow.config import load_config, to_typed, validate_config
+from rlflow.config.reads import ENV_VAR, config_reads
+from rlflow.config.schema import PPOTrainerConfig
+from rlflow.trainer.main_ppo import build_tracker, build_trainer
+
+REFUSED = {
+    "reward_model.reward_manager": "dapo",
+    "reward_model.launch_reward_fn_async": True,
+}
+"""Keys kept for verl compatibility whose other values rlflow refuses, with such a value."""
+
+READ_WHILE_COMPOSING = {
+    "critic.config_path": "names the critic file merged into the config before it is typed",
+    "data.task": "selects the embedded task files, filled in before the config is typed",
+}
+
+ADVANTAGE = """
+def centred(token_level_rewards, response_mask, values, index, config, **kwargs):
+    scores = (token_level_rewards * response_mask).sum(-1, keepdim=True)
+    return (scores - scores.mean()) * response_mask, scores * response_mask
+"""
+
+REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):
+    return float(solution_str[:1] == ground_truth[:1]) + bonus
+"""
+
+
+def _leaf_keys(cls: type, prefix: str = "") -> list[str]:
+    keys = []
+    for f in dataclasses.fields(cls):
+        path = f"{prefix}.{f.name}" if prefix else f.name
+        tp = f.type if isinstance(f.type, type) else None
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        if dataclasses.is_dataclass(default) or (tp is not None and dataclasses.is_dataclass(tp)):
+            keys += _leaf_keys(type(default) if default is not None else tp, path)
+        else:
+            keys.append(path)
+    return keys
+
+
+def _interpolation_sources(reads: set[str]) -> set[str]:
+    """Keys whose value another key follows (``${a.b}``) count as read when that key is read."""
+    tree = OmegaConf.to_container(load_config([]), resolve=False)
+    out: set[str] = set()
+
+    def walk(node: dict, prefix: str) -> None:
+        for key, value in node.items():
+            path = f"{prefix}.{key}" if prefix else key
+            if isinstance(value, dict):
+                walk(value, path)
+            elif isinstance(value, str) and value.startswith("${") and value.endswith("}") and path in reads:
+                out.add(value[2:-1])
+
+    walk(tree, "")
+    return out
+
+
+def _reward_model_dir(tmp_path: Path) -> str:
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from rlflow.models.loader import load_tokenizer
+    from rlflow.models.tiny import get_tiny_model_path
+
+    base = get_tiny_model_path()
+    config = AutoConfig.from_pretrained(base)
+    config.num_labels = 1
+    torch.manual_seed(0)
+    out = tmp_path / "rm"
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(out)
+    load_tokenizer(base).save_pretrained(out)
+    return str(out)
+
+
+def _run_and_collect(overrides: list[str]) -> set[str]:
+    trainer = build_trainer(load_config(overrides))
+    trainer.tracker = build_tracker(trainer.config)  # the labelled typed config, as run_ppo does
+    try:
+        trainer.fit()
+        trainer.tracker.finish()
+        reads = set(config_reads())
+        for group in trainer.groups.all():
+            for rank_reads in group.execute_fn(lambda worker: config_reads()):
+                reads |= rank_reads
+    finally:
+        trainer.shutdown()
+    return reads
+
+
+def _common(tmp_path: Path, name: str) -> list[str]:
+    return [
+        "trainer.total_training_steps=2",
+        "trainer.logger=[jsonl]",
+        f"trainer.log_dir={tmp_path / name}",
+        f"trainer.default_local_dir={tmp_path / name / 'ckpt'}",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_every_key_is_read_or_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_VAR, "1")
+    reward = tmp_path / "reward.py"
+    reward.write_text(REWARD)
+    advantage = tmp_path / "adv.py"
+    advantage.write_text(ADVANTAGE)
+    ppo = [
+        *_common(tmp_path, "ppo"),
+        "trainer.test_freq=2",
+        "trainer.save_freq=2",
+        "trainer.max_actor_ckpt_to_keep=1",
+        "trainer.max_critic_ckpt_to_keep=1",
+        f"trainer.validation_data_dir={tmp_path / 'gens'}",
+        "data.val_batch_size=64",
+        "algorithm.use_kl_in_reward=true",
+        "algorithm.kl_ctrl.type=adaptive",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.actor.entropy_coeff=0.01",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "reward_model.enable=true",
+        f"reward_model.model.path={_reward_model_dir(tmp_path)}",
+        "reward_model.num_workers=1",
+        "reward_model.timeout_s=30",
+        f"custom_reward_function.path={reward}",
+        "+custom_reward_function.reward_kwargs.bonus=0.5",
+        f"algorithm.custom_advantage_function.path={advantage}",
+        "algorithm.custom_advantage_function.name=centred",
+    ]
+    reads = _run_and_collect(ppo)
+    grpo = [*_common(tmp_path, "grpo"), "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2"]
+    reads |= _run_and_collect(grpo)
+
+    from rlflow.rollout.vllm import vllm_engine_kwargs
+
+    typed = to_typed(load_config([]))  # labelled: tracking is on
+    vllm_engine_kwargs(typed.actor_rollout_ref.rollout, "model")  # the vLLM-only keys
+    reads |= config_reads()
+    reads |= _interpolation_sources(reads)
+
+    for key, value in REFUSED.items():
+        with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+            validate_config(load_config([f"{key}={value}".replace("True", "true")]))
+    unread = sorted(set(_leaf_keys(PPOTrainerConfig)) - reads - set(REFUSED) - set(READ_WHILE_COMPOSING))
+    assert not unread, f"accepted config keys that no code read and validation does not refuse: {unread}"
