@@ -144,6 +144,12 @@ def _assert_step1_equal(got: dict, want: dict, cell: str) -> None:
         assert got[key] == pytest.approx(want[key], **tol), (cell, key)
 
 
+def _report(cell: str, history: list[dict]) -> None:
+    """One line per cell (``pytest -s`` shows it): the step times that docs/combination_matrix.md quotes."""
+    times = ", ".join(f"{h['timing_s/step']:.2f}" for h in history)
+    print(f"matrix cell {cell}: step times {times} s")
+
+
 @pytest.fixture(scope="module")
 def references(ray_session, tmp_path_factory) -> dict[str, dict]:
     tmp = tmp_path_factory.mktemp("matrix_ref")
@@ -161,6 +167,7 @@ def test_ppo_cell_matches_the_reference(cell, references, tmp_path):
     options = CELLS[cell]
     n4 = "n4" in options
     history = _run(_base(tmp_path, cell, n4) + _cell_overrides(options))
+    _report(cell, history)
     _assert_step1_equal(history[0], references["n4" if n4 else "n1"], cell)
 
 
@@ -169,5 +176,6 @@ def test_ppo_cell_matches_the_reference(cell, references, tmp_path):
 @pytest.mark.parametrize("cell", sorted(GRPO_CELLS))
 def test_grpo_cell_matches_the_reference(cell, references, tmp_path):
     history = _run(_base(tmp_path, cell, n4=True, grpo=True) + _cell_overrides(GRPO_CELLS[cell]))
+    _report(cell, history)
     assert "critic/vf_loss" not in history[0]
     _assert_step1_equal(history[0], references["grpo"], cell)
