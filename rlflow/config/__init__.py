@@ -16,17 +16,42 @@ Library / notebook::
 * `validate` / `checks` — cross-key rules, raising ``ValueError`` naming the key path.
 """
 
-from rlflow.config.loading import (
-    CONFIG_NAME,
-    apply_critic_config_file,
-    config_dir,
-    config_section,
-    load_config,
-    resolve_critic_config_path,
-    to_typed,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from rlflow.config.schema import SCHEMA_NAME, PPOTrainerConfig, register_configs
-from rlflow.config.validate import need_critic, need_reference_policy, validate_config
+
+if TYPE_CHECKING:
+    from rlflow.config.loading import (
+        CONFIG_NAME,
+        apply_critic_config_file,
+        config_dir,
+        config_section,
+        load_config,
+        resolve_critic_config_path,
+        to_typed,
+    )
+    from rlflow.config.validate import need_critic, need_reference_policy, validate_config
+
+# Loading and validation need Hydra / OmegaConf; the schema does not, so a worker-only environment (a GPU
+# machine without Hydra, scripts/gpu_check.py) can import the workers. They are imported on first use.
+_HYDRA_SIDE = {
+    **dict.fromkeys(
+        (
+            "CONFIG_NAME",
+            "apply_critic_config_file",
+            "config_dir",
+            "config_section",
+            "load_config",
+            "resolve_critic_config_path",
+            "to_typed",
+        ),
+        "loading",
+    ),
+    **dict.fromkeys(("need_critic", "need_reference_policy", "validate_config"), "validate"),
+}
 
 __all__ = [
     "CONFIG_NAME",
@@ -43,3 +68,9 @@ __all__ = [
     "to_typed",
     "validate_config",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HYDRA_SIDE:
+        return getattr(importlib.import_module(f"rlflow.config.{_HYDRA_SIDE[name]}"), name)
+    raise AttributeError(f"module 'rlflow.config' has no attribute {name!r}")

@@ -45,6 +45,8 @@ CONFIG_NAME = "ppo_trainer"
 YAML_PACKAGE = "rlflow.config.files"
 """The package the repository's top-level ``config/`` directory is installed as (``setup.py``)."""
 
+register_configs()  # before any ``@hydra.main`` app (main_ppo) composes ``ppo_trainer.yaml``
+
 _CRITIC_PATH_KEY = "critic.config_path"
 
 

@@ -20,8 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import II
+
+def II(path: str) -> str:
+    """An interpolation default, ``${path}`` (OmegaConf's ``II``; resolved when the config is composed)."""
+    return f"${{{path}}}"
+
 
 __all__ = [
     "SCHEMA_NAME",
@@ -531,9 +534,9 @@ class PPOTrainerConfig:
 def register_configs() -> None:
     """Register `PPOTrainerConfig` as ``rlflow_ppo_schema`` in Hydra's ConfigStore (idempotent).
 
-    Runs when this module is imported; call it again after something cleared the ConfigStore.
+    `rlflow.config.load_config` calls it before composing (this module imports without Hydra, so a
+    worker-only environment can build typed configs); call it again after something cleared the store.
     """
+    from hydra.core.config_store import ConfigStore
+
     ConfigStore.instance().store(name=SCHEMA_NAME, node=PPOTrainerConfig)
-
-
-register_configs()

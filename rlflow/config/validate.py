@@ -287,10 +287,34 @@ def _check_rollout(cfg: DictConfig) -> None:
         )
     at_least(cfg, f"{ROLLOUT}.response_length", 1)
     at_least(cfg, f"{ROLLOUT}.micro_batch_size", 1, allow_none=True)
-    at_least(cfg, f"{ROLLOUT}.tensor_model_parallel_size", 1)
+    tp = at_least(cfg, f"{ROLLOUT}.tensor_model_parallel_size", 1)
+    if value_at(cfg, f"{ROLLOUT}.name") == "vllm":
+        _check_vllm(cfg, tp)
     value = number(cfg, f"{ROLLOUT}.gpu_memory_utilization")
     if not 0 < value <= 1:
         raise ValueError(f"{ROLLOUT}.gpu_memory_utilization={value!r} must be in (0, 1]")
+
+
+def _check_vllm(cfg: DictConfig, tp: int) -> None:
+    """What the vLLM rollout cannot do (rlflow/rollout/vllm.py), refused before anything starts."""
+    if value_at(cfg, "trainer.device") == "cpu":
+        raise ValueError(
+            f"{ROLLOUT}.name=vllm with trainer.device=cpu: the vLLM engine runs on CUDA only; set "
+            f"{ROLLOUT}.name=hf for CPU runs"
+        )
+    if tp > 1:
+        raise ValueError(
+            f"{ROLLOUT}.tensor_model_parallel_size={tp}: the vLLM rollout runs one engine per actor rank, each "
+            "rank seeing one GPU, so tensor parallelism inside the engine is not supported; set it to 1 (the "
+            "rollout is data-parallel over the actor's ranks)"
+        )
+    truncated = value_at(cfg, f"{ROLLOUT}.top_k") > 0 or value_at(cfg, f"{ROLLOUT}.top_p") < 1
+    if truncated and value_at(cfg, f"{ROLLOUT}.calculate_log_probs"):
+        raise ValueError(
+            f"{ROLLOUT}.calculate_log_probs=true with top_k/top_p on: vLLM reports log-probs of the truncated, "
+            "renormalised distribution, not the trainer's log_softmax(logits / temperature); turn top_k/top_p "
+            f"off or set {ROLLOUT}.name=hf"
+        )
 
 
 def _check_critic(cfg: DictConfig) -> None:

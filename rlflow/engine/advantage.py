@@ -93,11 +93,12 @@ def _gathered(data: DataProto, group: Any, global_batch_size: int) -> DataProto:
         batch_keys=keys, non_tensor_batch_keys=[k for k in ("uid",) if k in data.non_tensor_batch]
     )
     world = _group_size(group)
-    parts: list[Any] = [local]
-    if world > 1:
-        parts = [None] * world
-        dist.all_gather_object(parts, local, group=group)
-    return DataProto.concat(parts)[:global_batch_size]
+    if world == 1:
+        return local[:global_batch_size]
+    device = local.batch["response_mask"].device
+    parts: list[Any] = [None] * world
+    dist.all_gather_object(parts, local.to("cpu"), group=group)  # objects travel as CPU tensors
+    return DataProto.concat(parts)[:global_batch_size].to(device)
 
 
 def compute_advantage_on_shard(
@@ -129,12 +130,13 @@ def compute_advantage_on_shard(
         raw, returns = info.per_sample(
             batch["token_level_rewards"], batch["values"], mask, algorithm.gamma, algorithm.lam
         )
-        counted = mask * real_rows(len(data), dp_rank, global_batch_size).to(mask.dtype)[:, None]
+        counted = mask * real_rows(len(data), dp_rank, global_batch_size).to(mask.device, mask.dtype)[:, None]
         advantages = distributed_masked_whiten(raw, counted, dp_group) * mask.to(raw.dtype)
         return advantages, returns
     full = _gathered(data, dp_group, global_batch_size)
     advantages, returns = compute_advantage(full, algorithm, custom_fn)
-    rows = torch.tensor([(dp_rank * len(data) + i) % global_batch_size for i in range(len(data))])
+    rows = [(dp_rank * len(data) + i) % global_batch_size for i in range(len(data))]
+    rows = torch.tensor(rows, device=advantages.device)
     return advantages[rows], returns[rows]
 
 
@@ -153,17 +155,17 @@ def shard_advantage_metrics(
         ``critic/{advantages,returns,values}/{mean,max,min}`` and ``critic/vf_explained_var``.
     """
     batch = data.batch
-    rows = real_rows(len(data), dp_rank, global_batch_size)
+    rows = real_rows(len(data), dp_rank, global_batch_size).to(batch["response_mask"].device)
     mask = batch["response_mask"].bool() & rows[:, None]
     names = [n for n in ("advantages", "returns", "values") if n in batch.keys()]
-    sums = torch.zeros(len(names) + 1, dtype=torch.float64)
-    highs = torch.full((len(names),), -torch.inf, dtype=torch.float64)
-    lows = torch.full((len(names),), torch.inf, dtype=torch.float64)
-    sums[-1] = float(mask.sum())
-    for i, name in enumerate(names):
-        valid = batch[name][mask].to(torch.float64)
-        if valid.numel():
-            sums[i], highs[i], lows[i] = valid.sum(), valid.max(), valid.min()
+    inf = torch.tensor(torch.inf, dtype=torch.float64, device=mask.device)
+    rows_of_stats = [
+        torch.stack([(x * mask).sum(), torch.where(mask, x, -inf).max(), torch.where(mask, x, inf).min()])
+        for x in (batch[name].to(torch.float64) for name in names)
+    ]
+    count = mask.sum().to(torch.float64)
+    table = torch.stack([*rows_of_stats, torch.stack([count, count, count])]).cpu()  # one host sync
+    sums, highs, lows = table[:, 0].clone(), table[:-1, 1].clone(), table[:-1, 2].clone()
     _all_reduce(sums, dp_group)
     _all_reduce(highs, dp_group, dist.ReduceOp.MAX)
     _all_reduce(lows, dp_group, dist.ReduceOp.MIN)
@@ -174,8 +176,6 @@ def shard_advantage_metrics(
             out[f"critic/{name}/max"] = float(highs[i])
             out[f"critic/{name}/min"] = float(lows[i])
     if {"returns", "values"} <= set(names):
-        stats = _all_reduce(
-            explained_variance_stats(batch["returns"], batch["values"], mask.to(torch.int64)), dp_group
-        )
-        out["critic/vf_explained_var"] = explained_variance_from_stats(stats)
+        ev = explained_variance_stats(batch["returns"], batch["values"], mask.to(torch.int64)).cpu()
+        out["critic/vf_explained_var"] = explained_variance_from_stats(_all_reduce(ev, dp_group))
     return out

@@ -128,7 +128,8 @@ def split_micro_batches(batch: Any, spec: MicroBatchSpec, sync_group: Any = None
     size = spec.samples_per_micro_batch or bs
     if size <= 0:
         raise ValueError(f"micro_batch_size_per_gpu must be a positive integer, got {size}")
-    return MicroBatches(list(batch.split(min(int(size), bs))))
+    size = min(int(size), bs)
+    return MicroBatches([batch[start : start + size] for start in range(0, bs, size)])
 
 
 def global_loss_counts(response_mask: torch.Tensor, dp_group: Any = None) -> tuple[float, float]:

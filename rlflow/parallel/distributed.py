@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 __all__ = [
     "DistInfo",
+    "current_device",
     "default_backend",
     "device_type",
     "find_free_port",
@@ -51,6 +52,15 @@ class DistInfo:
 def device_type() -> str:
     """Return ``"cuda"`` when a CUDA device is visible, else ``"cpu"``."""
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def current_device() -> torch.device:
+    """This process's compute device: the current CUDA device when CUDA is visible, else the CPU."""
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )
 
 
 def default_backend() -> str:

@@ -1,30 +1,43 @@
 """`VLLMRollout`: the GPU rollout engine (``actor_rollout_ref.rollout.name=vllm``), an optional extra.
 
 Importing this module never fails; constructing `VLLMRollout` without vLLM raises ``ImportError`` with
-the install command (``pip install rlflow[vllm]``).
+the install command (``pip install rlflow[vllm]``). Status: written against vLLM 0.33's offline ``LLM``
+API; the mapping functions below are tested without vLLM, the engine itself only by
+``scripts/gpu_check.py`` on a GPU machine (docs/gpu.md says what has run).
 
-**Status: unverified.** Written against vLLM's offline ``LLM`` API but never run (no GPU and no vLLM on
-the machines this was written on). The parts that need a GPU are marked in ``docs/rollout.md``. What it
-does when vLLM is present:
+How it works, and the choices that keep it consistent with the trainer:
 
-* builds one engine per rank (colocated with the actor, ``load_format="dummy"``, sleep mode on when
-  ``free_cache_engine``), and on every call wakes it, pushes the actor's weights tensor by tensor
-  (FSDP2 ``DTensor.full_tensor()``, one full tensor in flight), generates, and puts it back to sleep;
-* maps the same config keys as the HF rollout (`to_vllm_sampling_kwargs`), with one vLLM seed per row
-  derived from the same row keys as ``hf.py``;
-* returns the same DataProto as the HF rollout (`rlflow.rollout.base.build_rollout_output`).
+* **One in-process engine per actor rank.** Each Ray actor sees one GPU, so the engine runs with
+  ``tensor_parallel_size=1`` (validation refuses more: rlflow's rollout is data-parallel over the actor's
+  ranks) and with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the engine's model lives in this process and
+  the weights can be loaded into it directly. ``load_format="dummy"``: the weights come from the actor.
+* **Weights.** Before each call the engine wakes up (sleep mode when ``free_cache_engine``) and receives
+  the actor's full parameters one tensor at a time (`rlflow.parallel.sharded.iter_full_params`: FSDP1 and
+  FSDP2, wrapper prefixes stripped, one full tensor in flight; a collective over the actor's ranks).
+* **Stopping.** ``skip_tokenizer_init=True`` (token ids in, token ids out), so the trainer's EOS ids are
+  passed as ``stop_token_ids`` of every request.
+* **Log-probs** (``calculate_log_probs``): ``logprobs_mode="processed_logprobs"`` makes vLLM report the
+  sampled token's log-prob under ``logits / temperature`` — the trainer's quantity — as long as top-k /
+  top-p are off (validation refuses them together with ``calculate_log_probs`` on vLLM, where vLLM would
+  report the truncated, renormalised distribution). Greedy decoding (``temperature = 0``) reports
+  ``log_softmax(logits)``, the trainer's temperature-1 convention.
+* **dtype.** ``rollout.dtype`` (or the actor's ``param_dtype``) is mapped to vLLM's dtype names.
+* **Sampling.** The same config keys as the HF rollout (`to_vllm_sampling_kwargs`), one vLLM seed per
+  row from the same global-row keys as ``hf.py``; the output has the HF rollout's format
+  (`rlflow.rollout.base.build_rollout_output`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from rlflow.parallel.distributed import get_rank
+from rlflow.parallel.sharded import iter_full_params
 from rlflow.protocol import DataProto
 from rlflow.rollout.base import (
     BaseRollout,
@@ -34,6 +47,7 @@ from rlflow.rollout.base import (
     resolve_sampling_params,
 )
 from rlflow.rollout.sampling import row_keys
+from rlflow.utils.dtypes import to_torch_dtype
 
 try:
     import vllm
@@ -43,18 +57,66 @@ except ImportError as _exc:  # the optional extra is missing
     vllm = None
     _VLLM_IMPORT_ERROR = _exc
 
-__all__ = ["INSTALL_HINT", "VLLMRollout", "to_vllm_sampling_kwargs", "vllm_engine_kwargs"]
+__all__ = ["INSTALL_HINT", "VLLMRollout", "to_vllm_sampling_kwargs", "vllm_dtype", "vllm_engine_kwargs"]
 
 INSTALL_HINT = "pip install rlflow[vllm]"
+IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+_VLLM_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def to_vllm_sampling_kwargs(params: SamplingParams, seed: int, calculate_log_probs: bool) -> dict[str, Any]:
+def vllm_dtype(name: str | None, compute_dtype: torch.dtype | None = None) -> str:
+    """vLLM's name of the engine dtype: ``rollout.dtype`` if set, else the actor's compute dtype.
+
+    Args:
+        name: ``actor_rollout_ref.rollout.dtype`` (rlflow's names: fp32, bf16, float16, ...), or None.
+        compute_dtype: the actor's FSDP ``param_dtype``; None with ``name`` None gives ``"auto"``.
+    """
+    if name is not None:
+        return _VLLM_DTYPE_NAMES[to_torch_dtype(name, "actor_rollout_ref.rollout.dtype")]
+    return "auto" if compute_dtype is None else _VLLM_DTYPE_NAMES[compute_dtype]
+
+
+def vllm_engine_kwargs(
+    config: Any, model_path: str, compute_dtype: torch.dtype | None = None
+) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.LLM`` from the ``actor_rollout_ref.rollout`` section.
+
+    Args:
+        config: the rollout section.
+        model_path: the HF model directory (architecture and config; the weights come from the actor).
+        compute_dtype: the actor's compute dtype (used when ``config.dtype`` is null).
+
+    Returns:
+        A dict for ``vllm.LLM(**kwargs)``.
+    """
+    return {
+        "model": model_path,
+        "tensor_parallel_size": config.tensor_model_parallel_size,
+        "dtype": vllm_dtype(config.dtype, compute_dtype),
+        "gpu_memory_utilization": config.gpu_memory_utilization,
+        "enforce_eager": config.enforce_eager,
+        "max_model_len": config.max_model_len or config.prompt_length + config.response_length,
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "enable_chunked_prefill": config.enable_chunked_prefill,
+        "enable_sleep_mode": config.free_cache_engine,
+        "load_format": "dummy",
+        "skip_tokenizer_init": True,
+        "logprobs_mode": "processed_logprobs",
+        "seed": config.seed,
+    }
+
+
+def to_vllm_sampling_kwargs(
+    params: SamplingParams, seed: int, calculate_log_probs: bool, stop_token_ids: Sequence[int] = ()
+) -> dict[str, Any]:
     """Keyword arguments of ``vllm.SamplingParams`` for one row (one sample: ``n`` is done by repeating rows).
 
     Args:
         params: resolved sampling parameters of the call.
         seed: the row's seed.
         calculate_log_probs: ask for the sampled token's log-prob (``logprobs=0``).
+        stop_token_ids: the trainer's EOS ids (the engine has no tokenizer to know them).
 
     Returns:
         A dict for ``vllm.SamplingParams(**kwargs)``.
@@ -67,54 +129,23 @@ def to_vllm_sampling_kwargs(params: SamplingParams, seed: int, calculate_log_pro
         "top_k": params.top_k if params.top_k > 0 else -1,
         "seed": seed,
         "detokenize": False,
+        "stop_token_ids": list(stop_token_ids),
     }
     if calculate_log_probs:
         kwargs["logprobs"] = 0
     return kwargs
 
 
-def vllm_engine_kwargs(config: Any, model_path: str) -> dict[str, Any]:
-    """Keyword arguments of ``vllm.LLM`` from the ``actor_rollout_ref.rollout`` section.
-
-    Args:
-        config: the rollout section.
-        model_path: the HF model directory (architecture and config; the weights come from the actor).
-
-    Returns:
-        A dict for ``vllm.LLM(**kwargs)``.
-    """
-    return {
-        "model": model_path,
-        "tensor_parallel_size": config.tensor_model_parallel_size,
-        "dtype": config.dtype or "auto",
-        "gpu_memory_utilization": config.gpu_memory_utilization,
-        "enforce_eager": config.enforce_eager,
-        "max_model_len": config.max_model_len or config.prompt_length + config.response_length,
-        "max_num_seqs": config.max_num_seqs,
-        "max_num_batched_tokens": config.max_num_batched_tokens,
-        "enable_chunked_prefill": config.enable_chunked_prefill,
-        "enable_sleep_mode": config.free_cache_engine,
-        "load_format": "dummy",
-        "skip_tokenizer_init": True,
-        "seed": config.seed,
-    }
-
-
-def _full_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, full tensor)`` one parameter at a time (an all-gather per DTensor: collective)."""
-    for name, param in module.named_parameters():
-        yield name, param.full_tensor() if isinstance(param, DTensor) else param.detach()
-
-
 class VLLMRollout(BaseRollout):
-    """Generation with a colocated vLLM engine (unverified; see the module docstring).
+    """Generation with a colocated, in-process vLLM engine (see the module docstring).
 
     Args:
-        module: the actor (plain or FSDP2) whose weights the engine serves.
+        module: the actor (plain, FSDP1 or FSDP2) whose weights the engine serves.
         config: the ``actor_rollout_ref.rollout`` section.
         tokenizer: supplies ``eos_token_id`` / ``pad_token_id`` when ``meta_info`` does not.
         model_path: the HF model directory (architecture and config for the engine).
-        dp_rank: data-parallel rank mixed into the row seeds; None = the process-group rank.
+        dp_rank: data-parallel rank (the first global row of this rank's samples); None = process rank.
+        compute_dtype: the actor's compute dtype, the engine's dtype when ``rollout.dtype`` is null.
 
     Raises:
         ImportError: when vLLM is not installed (the message gives the install command).
@@ -128,35 +159,39 @@ class VLLMRollout(BaseRollout):
         *,
         model_path: str | None = None,
         dp_rank: int | None = None,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         if vllm is None:
             raise ImportError(
                 f"actor_rollout_ref.rollout.name=vllm needs vLLM (a GPU-only extra): {INSTALL_HINT}. "
                 "Use actor_rollout_ref.rollout.name=hf to generate without it."
             ) from _VLLM_IMPORT_ERROR
+        if model_path is None:
+            raise ValueError("VLLMRollout needs model_path (actor_rollout_ref.model.path)")
         self.module = module
         self.config = config
         self.tokenizer = tokenizer
         self.dp_rank = get_rank() if dp_rank is None else dp_rank
-        if model_path is None:
-            raise ValueError("VLLMRollout needs model_path (actor_rollout_ref.model.path)")
-        cfg = self.config
-        self.engine = vllm.LLM(**vllm_engine_kwargs(cfg, model_path))
+        os.environ[IN_PROCESS_ENV] = "0"  # the engine's model in this process: weights load directly
+        self.engine = vllm.LLM(**vllm_engine_kwargs(config, model_path, compute_dtype))
         self._num_calls = 0
-        if cfg.free_cache_engine:
+        if config.free_cache_engine:
             self.engine.sleep(level=1)
 
     def sync_weights(self) -> None:
-        """Push the actor's weights into the engine, one full tensor at a time (collective for FSDP2)."""
+        """Push the actor's full weights into the engine, one tensor at a time (collective over the actor)."""
+        weights = iter_full_params(self.module)
+        if hasattr(self.engine, "apply_model"):
+            self.engine.apply_model(lambda model: model.load_weights(weights=weights))
+            return
         try:
-            runner = self.engine.llm_engine.model_executor.driver_worker.worker.model_runner
+            model = self.engine.llm_engine.model_executor.driver_worker.worker.model_runner.model
         except AttributeError as exc:
             raise RuntimeError(
-                "VLLMRollout.sync_weights: cannot reach the engine's model in this process; "
-                "set VLLM_ENABLE_V1_MULTIPROCESSING=0 before creating the engine"
+                f"VLLMRollout.sync_weights: cannot reach the engine's model in this process ({IN_PROCESS_ENV} "
+                "must be 0 when the engine is created)"
             ) from exc
-        for item in _full_tensors(self.module):
-            runner.model.load_weights(weights=iter([item]))
+        model.load_weights(weights=weights)
 
     def _token_ids(self, meta_info: Mapping[str, Any]) -> tuple[list[int], int]:
         eos = meta_info.get("eos_token_id", getattr(self.tokenizer, "eos_token_id", None))
@@ -183,9 +218,9 @@ class VLLMRollout(BaseRollout):
         self._num_calls += 1
         ids, mask = batch.batch["input_ids"], batch.batch["attention_mask"]
         requests = [{"prompt_token_ids": row[m.bool()].tolist()} for row, m in zip(ids, mask)]
+        logprobs = self.config.calculate_log_probs
         sampling = [
-            vllm.SamplingParams(**to_vllm_sampling_kwargs(params, int(k), self.config.calculate_log_probs))
-            for k in keys
+            vllm.SamplingParams(**to_vllm_sampling_kwargs(params, int(k), logprobs, eos)) for k in keys
         ]
         if self.config.free_cache_engine:
             self.engine.wake_up()
@@ -199,10 +234,8 @@ class VLLMRollout(BaseRollout):
             completion = out.outputs[0]
             tokens = list(completion.token_ids)[: params.response_length]
             responses[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
-            if self.config.calculate_log_probs and completion.logprobs:
+            if logprobs and completion.logprobs:
                 values = [lp[tok].logprob for lp, tok in zip(completion.logprobs, tokens)]
                 log_probs[i, : len(values)] = torch.tensor(values)
         responses, log_probs = responses.to(ids.device), log_probs.to(ids.device)
-        return build_rollout_output(
-            batch, responses, eos, log_probs if self.config.calculate_log_probs else None
-        )
+        return build_rollout_output(batch, responses, eos, log_probs if logprobs else None)

@@ -14,6 +14,10 @@ Dispatch modes (verl's names; the ones rlflow's workers use):
   rank a worker registered for a named mesh; sequence-parallel peers receive the same object (stored
   once), every rank runs, and only the ranks that registered as *collect* ranks are gathered.
 
+Device contract: a data-parallel method receives its `DataProto` arguments with their tensors on the
+worker's ``device`` and its returned `DataProto` goes back with CPU tensors; the wrapper `register`
+builds does both, so no method moves data itself.
+
 With ``blocking=False`` a data-parallel call returns a :class:`~rlflow.protocol.DataProtoFuture` at
 once.  Passing that future to another group's method hands each of its workers exactly its samples,
 routed by sample index; the driver moves object refs only, never the data.
@@ -80,6 +84,8 @@ def register(
     if not isinstance(dispatch_mode, Dispatch | MeshDispatch):
         raise TypeError(f"register: dispatch_mode must be a Dispatch or MeshDispatch, got {dispatch_mode!r}")
 
+    data_parallel = isinstance(dispatch_mode, MeshDispatch) or dispatch_mode == Dispatch.DP_COMPUTE_PROTO
+
     def decorator(func: Callable) -> Callable:
         @functools.wraps(func)
         def inner(*args: Any, **kwargs: Any) -> Any:
@@ -87,7 +93,15 @@ def register(
             if materialize_futures:
                 args = tuple(_materialize(a) for a in args)
                 kwargs = {k: _materialize(v) for k, v in kwargs.items()}
+            if data_parallel:
+                # The device contract (docs/gpu.md): the one place a worker's input reaches its device
+                # and its output leaves it.
+                device = args[0].device
+                args = (args[0], *(_to(a, device) for a in args[1:]))
+                kwargs = {k: _to(v, device) for k, v in kwargs.items()}
             out = func(*args, **kwargs)
+            if data_parallel:
+                out = _to(out, "cpu")
             # A rank whose output is not gathered (a sequence-parallel peer of a collect rank) returns
             # None, so the driver can wait on it without fetching a duplicate of the data.
             return None if drop_output else out
@@ -122,6 +136,18 @@ def registered_methods(cls: type) -> dict[str, MethodSpec]:
         if spec is not None:
             out[name] = spec
     return out
+
+
+def _to(value: Any, device: Any) -> Any:
+    """``value`` with its tensors on ``device`` when it is a `DataProto` (a new object: the caller's batch
+    is not moved under its feet); anything else unchanged."""
+    if isinstance(value, DataProto) and value.batch is not None:
+        batch = value.batch.to(device)
+        batch = (
+            batch.copy() if batch is value.batch else batch
+        )  # a new mapping: keys the method adds stay its own
+        return DataProto(batch=batch, non_tensor_batch=value.non_tensor_batch, meta_info=value.meta_info)
+    return value
 
 
 def _materialize(arg: Any) -> Any:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import socket
 
+import torch
+
 from rlflow.single_controller.decorator import Dispatch, register
 
 
@@ -37,6 +39,9 @@ class Worker:
     """
 
     def __init__(self) -> None:
+        self.device = torch.device("cpu")
+        """Where this rank computes: data-parallel methods receive their batches here (set by the role
+        when it joins its process group, e.g. ``cuda:0``)."""
         self._rank = int(os.environ.get("RANK", "0"))
         self._world_size = int(os.environ.get("WORLD_SIZE", "1"))
         os.environ.setdefault("LOCAL_RANK", "0")

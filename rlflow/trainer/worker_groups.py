@@ -15,7 +15,7 @@ from rlflow.config.schema import PPOTrainerConfig
 from rlflow.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from rlflow.single_controller.worker_group import wait_all
 
-__all__ = ["WorkerGroups", "build_worker_groups"]
+__all__ = ["WorkerGroups", "build_worker_groups", "init_batches"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,15 @@ def _device(config: PPOTrainerConfig) -> str:
 
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
+
+
+def init_batches(groups: list[RayWorkerGroup], rollout_name: str) -> list[list[RayWorkerGroup]]:
+    """The order in which the roles build their models: all together, except that a vLLM rollout engine
+    starts alone first (its free-memory check and KV-cache profiling must not race the other roles on the
+    same GPU). ``groups[0]`` is the actor."""
+    if rollout_name == "vllm" and len(groups) > 1:
+        return [groups[:1], groups[1:]]
+    return [groups]
 
 
 def build_worker_groups(config: PPOTrainerConfig, total_training_steps: int) -> WorkerGroups:
@@ -92,8 +101,9 @@ def build_worker_groups(config: PPOTrainerConfig, total_training_steps: int) -> 
             groups.critic = group(CriticWorker, "critic", None if critic_world is None else int(critic_world))
         if "reward_model" in roles:
             groups.reward_model = group(RewardModelWorker, "reward_model")
-        logger.info("building the models of %s", ", ".join(g.name for g in groups.all()))
-        wait_all([(g.init_model(), "init_model") for g in groups.all()], timeout)
+        for batch in init_batches(groups.all(), str(config.actor_rollout_ref.rollout.name)):
+            logger.info("building the models of %s", ", ".join(g.name for g in batch))
+            wait_all([(g.init_model(), "init_model") for g in batch], timeout)
     except BaseException:
         groups.shutdown()  # no half-started run left holding the placement group
         raise

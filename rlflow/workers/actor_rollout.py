@@ -25,10 +25,11 @@ class ActorRolloutWorker(RoleWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def init_model(self) -> None:
+        self._build("causal_lm", actor_layout(self.config), self.config.actor_rollout_ref.actor.optim)
+
+    def _init_roles(self) -> None:
         arr = self.config.actor_rollout_ref
         actor, rollout = arr.actor, arr.rollout
-        layout = actor_layout(self.config)
-        self._build("causal_lm", layout, actor.optim)
         dims = self.parallel.dims
         self.actor = DataParallelPPOActor(
             actor,

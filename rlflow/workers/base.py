@@ -20,6 +20,7 @@ from rlflow.config.schema import OptimConfig, PPOTrainerConfig
 from rlflow.engine.optim import build_lr_scheduler, build_optimizer
 from rlflow.models.loader import load_tokenizer
 from rlflow.parallel.checkpoint import export_hf, load_checkpoint, save_checkpoint
+from rlflow.parallel.distributed import current_device
 from rlflow.parallel.sharded import load_optimizer_to_device, offload_optimizer_to_cpu
 from rlflow.protocol import DataProto
 from rlflow.single_controller import Dispatch, Worker, register
@@ -68,6 +69,7 @@ class RoleWorker(Worker):
         torch.manual_seed(seed)
         self.layout = layout
         self.parallel = setup_role_parallel(self.world_size, layout, _hf_config(layout.model))
+        self.device = current_device()
         dims = self.parallel.dims
         self.register_dispatch_info(self.mesh_name, dims.dp_rank, dims.is_collect_rank)
         self.module = build_role_module(kind, layout, self.parallel, seed)
@@ -76,6 +78,11 @@ class RoleWorker(Worker):
             self.optimizer = build_optimizer(self.module.parameters(), optim)
             self.lr_scheduler = build_lr_scheduler(self.optimizer, optim, self.total_training_steps, key)
         self._offload_optimizer()
+        self._init_roles()
+
+    def _init_roles(self) -> None:
+        """Build what runs on the module (engine roles, rollout): the module, optimizer and parallel
+        layout exist. Separate from `_build` so a test can place a module on another device."""
 
     def _groups(self) -> dict[str, Any]:
         p = self.parallel

@@ -35,8 +35,10 @@ class CriticWorker(RoleWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def init_model(self) -> None:
+        self._build("value", critic_layout(self.config), self.config.critic.optim)
+
+    def _init_roles(self) -> None:
         critic = self.config.critic
-        self._build("value", critic_layout(self.config), critic.optim)
         dims = self.parallel.dims
         self.critic = DataParallelPPOCritic(
             critic,

@@ -20,9 +20,11 @@ class RefWorker(RoleWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def init_model(self) -> None:
+        self._build("causal_lm", ref_layout(self.config), optim=None)
+
+    def _init_roles(self) -> None:
         arr = self.config.actor_rollout_ref
         ref = arr.ref
-        self._build("causal_lm", ref_layout(self.config), optim=None)
         self.ref = DataParallelPPOActor(
             arr.actor,
             self.module,

@@ -6,8 +6,11 @@ import torch
 
 from rlflow.config.reads import track_reads, tracking_enabled
 from rlflow.config.schema import PPOTrainerConfig
+from rlflow.engine.batching import MicroBatchSpec
+from rlflow.engine.ppo_loop import split_micro_batches
 from rlflow.models.loader import load_reward_model
-from rlflow.parallel.distributed import init_distributed
+from rlflow.parallel.distributed import current_device, init_distributed
+from rlflow.parallel.fsdp import mixed_precision_dtypes
 from rlflow.protocol import DataProto
 from rlflow.reward.reward_model import compute_rm_score
 from rlflow.single_controller import Dispatch, Worker, register
@@ -36,16 +39,19 @@ class RewardModelWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def init_model(self) -> None:
         init_distributed()
+        self.device = current_device()
         model = self.config.reward_model.model
+        # The actor's compute dtype (bf16 on the usual GPU recipe), on this rank's device.
+        dtype = mixed_precision_dtypes(self.config.actor_rollout_ref.actor.fsdp_config.mixed_precision)[0]
         self.module = load_reward_model(model_path(model), trust_remote_code=bool(model.trust_remote_code))
-        self.module.eval()
+        self.module.to(device=self.device, dtype=dtype).eval()
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_rm_score(self, data: DataProto) -> DataProto:
-        micro = int(self.config.reward_model.micro_batch_size_per_gpu)
+        spec = MicroBatchSpec(samples_per_micro_batch=int(self.config.reward_model.micro_batch_size_per_gpu))
         parts = []
         with torch.no_grad():
-            for mb in data.batch.split(micro):
+            for mb in split_micro_batches(data.batch, spec).batches:
                 parts.append(
                     compute_rm_score(
                         self.module,

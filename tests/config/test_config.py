@@ -220,6 +220,18 @@ BAD_CONFIGS = [
     (["trainer.nnodes=0"], {}, "trainer.nnodes=0 must be >= 1"),
     (["critic.world_size=3"], {}, "critic.world_size=3 must be <= the actor world size 2"),
     (["critic.world_size=0"], {}, "critic.world_size=0 must be >= 1"),
+    # what the vLLM rollout cannot do
+    ([f"{ROLLOUT}.name=vllm", "trainer.device=cpu"], {}, f"{ROLLOUT}.name=vllm with trainer.device=cpu"),
+    (
+        [f"{ROLLOUT}.name=vllm", f"{ROLLOUT}.tensor_model_parallel_size=2"],
+        {},
+        f"{ROLLOUT}.tensor_model_parallel_size=2: the vLLM rollout runs one engine per actor rank",
+    ),
+    (
+        [f"{ROLLOUT}.name=vllm", f"{ROLLOUT}.calculate_log_probs=true", f"{ROLLOUT}.top_p=0.9"],
+        {},
+        f"{ROLLOUT}.calculate_log_probs=true with top_k/top_p on",
+    ),
     # batch divisibility, actor
     (["data.train_batch_size=15"], {}, "data.train_batch_size=15 × actor_rollout_ref.rollout.n=1 = 15"),
     ([f"{D}.ppo_mini_batch_size=32"], {}, f"{D}.ppo_mini_batch_size=32 must be <= data.train_batch_size=16"),
@@ -421,6 +433,9 @@ GOOD_CONFIGS = [
     ],
     ["actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B"],  # a hub id is not checked on disk
     [f"{D}.use_kl_loss=true", f"{D}.kl_loss_type=k3+", "algorithm.kl_penalty=low_var_kl"],
+    # vLLM: top-k sampling without rollout log-probs; rollout log-probs without truncation
+    [f"{ROLLOUT}.name=vllm", f"{ROLLOUT}.top_k=20"],
+    [f"{ROLLOUT}.name=vllm", f"{ROLLOUT}.calculate_log_probs=true"],
 ]
 
 

@@ -97,7 +97,9 @@ def test_vllm_sampling_kwargs_mapping():
     from rlflow.rollout.vllm import to_vllm_sampling_kwargs
 
     cfg = rollout_config(temperature=0.7, top_k=0, top_p=0.9, response_length=32)
-    kw = to_vllm_sampling_kwargs(resolve_sampling_params(cfg, {}), seed=123, calculate_log_probs=True)
+    kw = to_vllm_sampling_kwargs(
+        resolve_sampling_params(cfg, {}), seed=123, calculate_log_probs=True, stop_token_ids=(2, 5)
+    )
     assert kw == {
         "n": 1,
         "max_tokens": 32,
@@ -106,7 +108,30 @@ def test_vllm_sampling_kwargs_mapping():
         "top_k": -1,
         "seed": 123,
         "detokenize": False,
+        "stop_token_ids": [2, 5],
         "logprobs": 0,
     }
     greedy = to_vllm_sampling_kwargs(resolve_sampling_params(cfg, {"validate": True}), 0, False)
     assert greedy["temperature"] == 0.0 and "logprobs" not in greedy
+
+
+def test_vllm_engine_kwargs_mapping():
+    from rlflow.rollout.vllm import vllm_dtype, vllm_engine_kwargs
+
+    cfg = rollout_config(prompt_length=24, response_length=40, gpu_memory_utilization=0.4, seed=7)
+    kw = vllm_engine_kwargs(cfg, "/models/tiny", torch.bfloat16)
+    assert kw["model"] == "/models/tiny" and kw["tensor_parallel_size"] == 1
+    assert kw["dtype"] == "bfloat16"  # rollout.dtype null: the actor's compute dtype
+    assert kw["max_model_len"] == 64  # prompt + response when max_model_len is null
+    assert kw["gpu_memory_utilization"] == 0.4 and kw["seed"] == 7
+    assert kw["enable_sleep_mode"] is cfg.free_cache_engine
+    # the weights come from the actor, token ids in and out, log-probs of logits / temperature
+    assert (kw["load_format"], kw["skip_tokenizer_init"], kw["logprobs_mode"]) == (
+        "dummy",
+        True,
+        "processed_logprobs",
+    )
+    assert vllm_dtype("fp32", torch.bfloat16) == "float32"  # rollout.dtype wins
+    assert vllm_dtype(None, None) == "auto"
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.dtype"):
+        vllm_dtype("int8")
