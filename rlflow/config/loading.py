@@ -27,16 +27,20 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from rlflow.config.aliases import rewrite_critic_file_keys, rewrite_overrides
 from rlflow.config.reads import track_reads, tracking_enabled
 from rlflow.config.schema import PPOTrainerConfig, register_configs
+from rlflow.config.sft_schema import SFTConfig, register_sft_configs
 
 __all__ = [
     "CONFIG_NAME",
+    "SFT_CONFIG_NAME",
     "YAML_PACKAGE",
     "apply_critic_config_file",
     "config_dir",
     "config_section",
     "load_config",
+    "load_sft_config",
     "resolve_critic_config_path",
     "to_typed",
+    "to_typed_sft",
 ]
 
 CONFIG_NAME = "ppo_trainer"
@@ -45,7 +49,11 @@ CONFIG_NAME = "ppo_trainer"
 YAML_PACKAGE = "rlflow.config.files"
 """The package the repository's top-level ``config/`` directory is installed as (``setup.py``)."""
 
-register_configs()  # before any ``@hydra.main`` app (main_ppo) composes ``ppo_trainer.yaml``
+SFT_CONFIG_NAME = "sft_trainer"
+"""Name of the SFT trainer's config file (``config/sft_trainer.yaml``)."""
+
+register_configs()  # before any ``@hydra.main`` app (main_ppo, main_sft) composes its YAML
+register_sft_configs()
 
 _CRITIC_PATH_KEY = "critic.config_path"
 
@@ -111,6 +119,29 @@ def load_config(overrides: Sequence[str] | None = None, config_name: str = CONFI
     with _own_global_hydra(), initialize_config_dir(config_dir=str(config_dir()), version_base=None):
         cfg = compose(config_name=config_name, overrides=overrides)
     return apply_critic_config_file(cfg)
+
+
+def load_sft_config(overrides: Sequence[str] | None = None) -> DictConfig:
+    """Compose the SFT trainer config (``config/sft_trainer.yaml``) in Python, as ``main_sft`` would.
+
+    Args:
+        overrides: Hydra overrides, e.g. ``["optim.lr=1e-4", "trainer.total_training_steps=10"]``.
+
+    Returns:
+        The composed config, typed by `rlflow.config.sft_schema.SFTConfig` (unknown keys raise); not
+        validated (`rlflow.config.sft_validate.validate_sft_config`).
+    """
+    register_sft_configs()
+    with _own_global_hydra(), initialize_config_dir(config_dir=str(config_dir()), version_base=None):
+        return compose(config_name=SFT_CONFIG_NAME, overrides=list(overrides or []))
+
+
+def to_typed_sft(cfg: DictConfig) -> SFTConfig:
+    """The composed SFT config as `SFTConfig` dataclasses, interpolations resolved."""
+    typed = OmegaConf.to_object(cfg)
+    if not isinstance(typed, SFTConfig):
+        raise TypeError(f"to_typed_sft expects a composed SFT config, got {type(typed).__name__}")
+    return typed
 
 
 def resolve_critic_config_path(path: str) -> Path:

@@ -21,8 +21,22 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("score", ("critic/score/mean",)),
     ("losses", ("actor/pg_loss", "critic/vf_loss")),
     ("KL", ("actor/ppo_kl", "actor/kl_loss", "critic/kl", "actor/reward_kl_penalty")),
+    (
+        "clipping and value fit",
+        ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "critic/vf_clipfrac", "critic/vf_explained_var"),
+    ),
+    ("entropy", ("actor/entropy",)),
     ("response length", ("response_length/mean",)),
 )
+"""The PPO figure: one panel per (title, metrics); the score panel adds the validation curves."""
+
+SFT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("loss", ("train/loss", "val/loss")),
+    ("gradient norm", ("train/grad_norm",)),
+    ("learning rate", ("train/lr",)),
+    ("throughput (tokens/s)", ("perf/throughput",)),
+)
+"""The SFT figure (chosen when the metrics have ``train/loss``)."""
 _MAX_VAL_SERIES = 8
 
 
@@ -95,12 +109,14 @@ def _draw_panel(ax: Any, title: str, keys: Sequence[str], series: Series) -> int
 def plot_training_curves(
     jsonl_path: str | os.PathLike, out_png: str | os.PathLike, title: str | None = None
 ) -> str:
-    """Write a 2x2 PNG (1000x700 px) of training curves read from ``jsonl_path``.
+    """Write a PNG of training curves read from ``jsonl_path``.
 
-    Panels: score (``critic/score/mean`` and the ``val-core/*`` validation metrics, else any ``val-*``,
-    at most 8), losses (``actor/pg_loss``, ``critic/vf_loss``), KL (``actor/ppo_kl``, ``actor/kl_loss``,
-    ``critic/kl``, ``actor/reward_kl_penalty``), response length (``response_length/mean`` with its
-    min–max band). Missing series are skipped; a panel with none says "no data".
+    A PPO run gets 2x3 panels (1400x700 px, `PANELS`): score (``critic/score/mean`` and the
+    ``val-core/*`` validation metrics, else any ``val-*``, at most 8), losses, KL (``actor/ppo_kl``, the
+    KL loss or penalty), clip fractions with ``critic/vf_explained_var``, entropy, response length (with
+    its min–max band). An SFT run (metrics with ``train/loss``) gets 2x2 (`SFT_PANELS`): train and
+    validation loss, gradient norm, learning rate, throughput. Missing series are skipped; a panel with
+    none says "no data".
 
     Args:
         jsonl_path: metrics file written by the ``jsonl`` tracking backend (one object per step).
@@ -119,10 +135,11 @@ def plot_training_curves(
     series = read_jsonl_metrics(jsonl_path)
     if not series:
         raise ValueError(f"plot_training_curves: {jsonl_path} holds no numeric metric")
-    fig = Figure(figsize=(10, 7), dpi=100)
+    panels = SFT_PANELS if "train/loss" in series else PANELS
+    fig = Figure(figsize=(10 if len(panels) <= 4 else 14, 7), dpi=100)
     FigureCanvasAgg(fig)
-    axes = fig.subplots(2, 2).flatten()
-    for ax, (panel_title, keys) in zip(axes, PANELS):
+    axes = fig.subplots(2, (len(panels) + 1) // 2).flatten()
+    for ax, (panel_title, keys) in zip(axes, panels):
         extra = _val_keys(series) if panel_title == "score" else []
         _draw_panel(ax, panel_title, [*keys, *extra], series)
     fig.suptitle(title or os.path.basename(os.path.dirname(os.path.abspath(jsonl_path))))

@@ -65,10 +65,16 @@ CONSOLE_KEYS: dict[str, str] = {
     "response_length/clip_ratio": "clip",
     "perf/throughput": "tok/s",
     "timing_s/step": "step_s",
+    # SFT
+    "train/loss": "loss",
+    "val/loss": "val_loss",
+    "train/grad_norm": "grad_norm",
+    "train/lr": "lr",
 }
 
 # Metric -> label in the progress bar postfix.
 POSTFIX_KEYS: dict[str, str] = {
+    "train/loss": "loss",
     "critic/score/mean": "score",
     "actor/pg_loss": "pg_loss",
     "critic/vf_loss": "vf_loss",
@@ -88,6 +94,8 @@ _SUMMARY_KEYS: dict[str, str | None] = {
     "response_length/mean": None,
     "perf/throughput": "max",
     "timing_s/step": "min",
+    "train/loss": "min",
+    "val/loss": "min",
 }
 
 

@@ -217,14 +217,16 @@ def test_plot_training_curves_writes_png(tmp_path):
     out = plot_training_curves(path, tmp_path / "plots" / "curves.png")
     assert out == str(tmp_path / "plots" / "curves.png")
     assert os.path.getsize(out) > 0
-    assert _png_size(out) == (1000, 700)
+    assert _png_size(out) == (1400, 700)  # 2 x 3 panels
 
 
 def test_plot_skips_missing_series(tmp_path):
     path = tmp_path / "metrics.jsonl"
     _write_jsonl(path, [{"step": 1, "critic/score/mean": 0.2}, {"step": 2, "critic/score/mean": 0.4}])
     out = plot_training_curves(path, tmp_path / "only_score.png")  # no loss, KL or length series
-    assert _png_size(out) == (1000, 700)
+    assert _png_size(out) == (1400, 700)
+    _write_jsonl(path, [{"step": 1, "train/loss": 2.0}, {"step": 2, "train/loss": 1.5, "val/loss": 1.6}])
+    assert _png_size(plot_training_curves(path, tmp_path / "sft.png")) == (1000, 700)  # the SFT figure: 2 x 2
     _write_jsonl(path, [{"step": 1, "note": "text only"}])
     with pytest.raises(ValueError, match="no numeric metric"):
         plot_training_curves(path, tmp_path / "empty.png")
@@ -251,4 +253,4 @@ def test_finish_draws_curves_next_to_the_logs(tmp_path):
         tracker.log(metrics, step=step)
     tracker.finish()
     assert tracker.plot_path == str(tmp_path / "run" / "training_curves.png")
-    assert _png_size(tracker.plot_path) == (1000, 700)
+    assert _png_size(tracker.plot_path) == (1400, 700)
