@@ -107,7 +107,8 @@ class ModelConfig:
     """``actor_rollout_ref.model``: the policy (also the reference policy and the rollout weights).
 
     Attributes:
-        path: HF directory, hub id or ``rlflow://tiny[?key=value...]``; None = the embedded tiny model.
+        path: HF directory, hub id, ``rlflow://tiny[?key=value...]`` (random init) or ``rlflow://tiny-sft[/<task>]``;
+            None = ``rlflow://tiny-sft``, the tiny model warm-started on ``data.task`` (rlflow.trainer.warm_start).
         attn_implementation: auto | sdpa | eager | flash_attention_2 (see `rlflow.models.loader`).
         use_remove_padding: pack the valid tokens of a micro-batch into one row (no padding compute).
     """
@@ -213,7 +214,7 @@ class ActorConfig:
     """
 
     strategy: str = "fsdp2"
-    ppo_mini_batch_size: int = 16
+    ppo_mini_batch_size: int = 4
     ppo_micro_batch_size_per_gpu: int = 8
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 2048
@@ -232,7 +233,7 @@ class ActorConfig:
     ulysses_sequence_parallel_size: int = 1
     tis_imp_ratio_cap: float = -1.0
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1.0e-4))
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
 
@@ -490,7 +491,7 @@ class TrainerConfig:
     device: str = "auto"
     cpus_per_worker: float = 1.0
     total_epochs: int = 1000
-    total_training_steps: int | None = 40
+    total_training_steps: int | None = 100
     save_freq: int = -1
     test_freq: int = 10
     val_before_train: bool = True

@@ -272,7 +272,12 @@ def _check_sampling(cfg: DictConfig, prefix: str) -> None:
     if not 0 < value <= 1:
         raise ValueError(f"{prefix}.top_p={value!r} must be in (0, 1]")
     at_least(cfg, f"{prefix}.top_k", -1)
-    at_least(cfg, f"{prefix}.n", 1)
+    n = at_least(cfg, f"{prefix}.n", 1)
+    if n > 1 and not do_sample:
+        raise ValueError(
+            f"{prefix}.n={n} with {prefix}.do_sample=false: the {n} greedy responses of a prompt are "
+            f"identical (no group baseline, no pass@k); set {prefix}.do_sample=true and a temperature > 0"
+        )
 
 
 def _check_rollout(cfg: DictConfig) -> None:

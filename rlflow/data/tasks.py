@@ -12,7 +12,7 @@ Tasks (scorers in :mod:`rlflow.reward.synthetic`):
 
 * ``repeat`` (easy; ``data_source="rlflow/repeat"``): "repeat {letter} x{count}" with a letter from a small
   alphabet ("abcde") and a count in 2..5; the answer is the letter repeated (``"cccc"``). Partial credit:
-  the fraction of the first ``len(target)`` response characters that match, scaled down by 5% per extra
+  the fraction of the first ``len(target)`` response characters that match, scaled down by 25% per extra
   character. Meant for ``data.max_response_length=8``: the longest answer (5 letters) plus eos fits. A
   policy that only learns "emit letters of the alphabet" scores about 0.2; one that reads the prompt
   reaches 1.0. Only 20 distinct prompts exist, so train and validation share prompts (the point is to learn

@@ -298,6 +298,11 @@ def resolve_model_path(path: str) -> str:
     """
     if not path.startswith(TINY_MODEL_SENTINEL):
         return os.path.expanduser(path)
+    if path.startswith(TINY_MODEL_SENTINEL + "-sft"):
+        raise ValueError(
+            f"model path {path!r}: the warm-started tiny models are built by the trainer before any worker "
+            "starts (rlflow.trainer.warm_start.ensure_warm_start); pass the directory it returns"
+        )
     rest = path[len(TINY_MODEL_SENTINEL) :]
     if rest and not rest.startswith("?"):
         raise ValueError(

@@ -9,15 +9,18 @@ __all__ = ["arithmetic_score", "repeat_score"]
 _INT = re.compile(r"-?\d+")
 
 
-def repeat_score(solution_str: str, ground_truth: str, extra_penalty: float = 0.05) -> float:
+def repeat_score(solution_str: str, ground_truth: str, extra_penalty: float = 0.25) -> float:
     """Score of the ``repeat`` task: partial credit per matching character.
 
     With ``r = solution_str.strip()``, ``t = ground_truth`` and ``n = len(t)``::
 
         score = (#{i < n : r[i] == t[i]} / n) * max(0, 1 - extra_penalty * max(0, len(r) - n))
 
-    e.g. t="cccc": "cccc" -> 1.0, "ccca" -> 0.75, "cc" -> 0.5, "cccccc" -> 0.9, "" -> 0.0.
+    e.g. t="cccc": "cccc" -> 1.0, "ccca" -> 0.75, "cc" -> 0.5, "cccccc" -> 0.5, "" -> 0.0.
     A policy emitting random letters of a 5-letter alphabet scores about 0.2 before the length factor.
+    The length factor is steep on purpose: with a mild one (0.05 per character, the first version) a
+    policy that repeats the right letter and never stops scores 0.78, a plateau RL runs settle on
+    instead of learning to count (docs/baselines.md).
 
     Args:
         solution_str: decoded response.

@@ -29,24 +29,29 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["build_trainer", "main", "prepare_config", "run_ppo"]
 
-TINY_MODEL = "rlflow://tiny"
-
 
 def prepare_config(cfg: DictConfig) -> DictConfig:
-    """Apply the critic config file, fill the embedded defaults (tiny model, synthetic task files) and
-    validate — all before any Ray actor starts. Raises ``ValueError`` naming the key path."""
+    """Apply the critic config file, fill the embedded defaults (the warm-started tiny model of
+    ``data.task``; the synthetic task files) and validate — all before any Ray actor starts. Raises
+    ``ValueError`` naming the key path. A warm start is built (once, into the cache) only after the
+    config validated: it has the architecture of ``rlflow://tiny``, which stands in for it until then."""
     from transformers import AutoConfig
 
     from rlflow.data.tasks import ensure_task_files
-    from rlflow.models.tiny import resolve_model_path
+    from rlflow.models.tiny import TINY_MODEL_SENTINEL, resolve_model_path
+    from rlflow.trainer.warm_start import ensure_warm_start, warm_start_task
 
     cfg = apply_critic_config_file(cfg)
-    model = cfg.actor_rollout_ref.model
-    model.path = resolve_model_path(model.path or TINY_MODEL)
-    if cfg.critic.model.path is None or str(cfg.critic.model.path).startswith("rlflow://"):
-        cfg.critic.model.path = resolve_model_path(cfg.critic.model.path or TINY_MODEL)
+    model, task = cfg.actor_rollout_ref.model, str(cfg.data.task)
+    critic = cfg.critic.model
+    actor_warm = warm_start_task(model.path, task)
+    model.path = resolve_model_path(TINY_MODEL_SENTINEL if actor_warm else model.path)
+    critic_warm = None
+    if critic.path is None or str(critic.path).startswith("rlflow://"):
+        critic_warm = warm_start_task(critic.path, task)
+        critic.path = resolve_model_path(TINY_MODEL_SENTINEL if critic_warm else critic.path)
     if cfg.data.train_files is None or cfg.data.val_files is None:
-        train, val = ensure_task_files(str(cfg.data.task))
+        train, val = ensure_task_files(task)
         if cfg.data.train_files is None:
             cfg.data.train_files = train
         if cfg.data.val_files is None:
@@ -55,6 +60,10 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
     validate_config(
         cfg, num_attention_heads=hf.num_attention_heads, num_key_value_heads=hf.num_key_value_heads
     )
+    if actor_warm:
+        model.path = ensure_warm_start(actor_warm)
+    if critic_warm:
+        critic.path = ensure_warm_start(critic_warm)
     return cfg
 
 

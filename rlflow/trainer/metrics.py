@@ -12,7 +12,8 @@ Statistics of values, advantages and returns are *not* computed here: those tens
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from math import comb
 from typing import Any
 
 import numpy as np
@@ -22,8 +23,10 @@ __all__ = [
     "compute_data_metrics",
     "compute_throughput_metrics",
     "compute_timing_metrics",
+    "expected_best_of_k",
     "reduce_metrics",
     "rollout_probs_diff",
+    "validation_metrics",
 ]
 
 # Sections of a step whose cost grows with the number of tokens they process, and which tokens those are.
@@ -263,3 +266,73 @@ def rollout_probs_diff(batch: Any) -> dict[str, float]:
         "training/rollout_probs_diff_mean": float(diff.mean()),
         "training/rollout_probs_diff_std": std,
     }
+
+
+def expected_best_of_k(scores: Sequence[float], k: int) -> float:
+    """Expected maximum of ``k`` scores drawn without replacement from ``scores`` (exact, no bootstrap).
+
+    With the scores sorted ascending, ``s_(1) <= ... <= s_(n)``, the ``i``-th is the maximum of a random
+    ``k``-subset with probability ``C(i-1, k-1) / C(n, k)``. On 0/1 scores this is the unbiased pass@k
+    estimator ``1 - C(n-c, k) / C(n, k)`` (``c`` correct samples).
+
+    Args:
+        scores: ``n >= k`` scores of one prompt's samples.
+        k: subset size, ``1 <= k <= n``.
+    """
+    n = len(scores)
+    if not 1 <= k <= n:
+        raise ValueError(f"expected_best_of_k: need 1 <= k <= n, got k={k}, n={n}")
+    total = comb(n, k)
+    return float(sum(s * comb(i, k - 1) for i, s in enumerate(sorted(scores))) / total)
+
+
+def _ks(n: int) -> list[int]:
+    """1, 2, 4, ... below ``n``, and ``n``."""
+    ks, k = [], 1
+    while k < n:
+        ks.append(k)
+        k *= 2
+    return [*ks, n]
+
+
+def validation_metrics(
+    sources: Sequence[str], scores: Sequence[float], n: int, correct_at: float = 1.0
+) -> dict[str, float]:
+    """Validation metrics of ``n`` responses per prompt, per data source (verl's names where they exist).
+
+    ``scores`` holds each prompt's ``n`` responses consecutively (``DataProto.repeat(n, interleave=True)``).
+
+    Returns, for each ``src``:
+        ``val-core/<src>/reward/mean@<n>``: mean score over all responses;
+        with ``n > 1`` also ``val-aux/<src>/reward/std@<n>`` (per-prompt std, averaged), and for
+        ``k`` in 2, 4, ... and ``n``: ``val-core/<src>/reward/best@<k>/mean`` (expected best of ``k``
+        responses, `expected_best_of_k`), ``val-core/<src>/pass@<k>`` (probability that one of ``k``
+        responses scores at least ``correct_at``; the unbiased estimator) — each averaged over prompts.
+    """
+    if n < 1 or len(scores) % n or len(sources) != len(scores):
+        raise ValueError(
+            f"validation_metrics: {len(scores)} scores and {len(sources)} sources are not whole groups of n={n}"
+        )
+    groups: dict[str, list[list[float]]] = {}
+    for start in range(0, len(scores), n):
+        group_sources = set(sources[start : start + n])
+        if len(group_sources) != 1:
+            raise ValueError(
+                f"validation_metrics: responses {start}..{start + n - 1} mix data sources {group_sources}"
+            )
+        groups.setdefault(str(sources[start]), []).append([float(x) for x in scores[start : start + n]])
+    out: dict[str, float] = {}
+    for src, prompts in groups.items():
+        arr = np.asarray(prompts, dtype=np.float64)
+        out[f"val-core/{src}/reward/mean@{n}"] = float(arr.mean())
+        if n == 1:
+            continue
+        out[f"val-aux/{src}/reward/std@{n}"] = float(arr.std(axis=1).mean())
+        correct = (arr >= correct_at).astype(np.float64)
+        for k in _ks(n)[1:]:
+            out[f"val-core/{src}/reward/best@{k}/mean"] = float(
+                np.mean([expected_best_of_k(p, k) for p in arr])
+            )
+            out[f"val-core/{src}/pass@{k}"] = float(np.mean([expected_best_of_k(c, k) for c in correct]))
+        out[f"val-core/{src}/pass@1"] = float(correct.mean())
+    return out

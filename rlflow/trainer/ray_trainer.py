@@ -35,6 +35,7 @@ from rlflow.trainer.metrics import (
     compute_throughput_metrics,
     compute_timing_metrics,
     rollout_probs_diff,
+    validation_metrics,
 )
 from rlflow.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
 from rlflow.trainer.worker_groups import WorkerGroups, build_worker_groups
@@ -330,10 +331,13 @@ class RayPPOTrainer:
     # ---- validation -----------------------------------------------------------------------------------
 
     def _validate(self) -> dict[str, float]:
-        """Greedy (``rollout.val_kwargs``) generation on the validation set; mean score per data source."""
+        """Generation with ``rollout.val_kwargs`` (greedy by default) on the validation set; per data source
+        the mean score, and with ``val_kwargs.n > 1`` best@k and pass@k (`validation_metrics`)."""
         if self.val_dataloader is None:
             return {}
-        scores: dict[str, list[float]] = {}
+        sources_all: list[str] = []
+        scores_all: list[float] = []
+        n = int(self.config.actor_rollout_ref.rollout.val_kwargs.n)
         dump_dir = self.config.trainer.validation_data_dir
         dumped: list[tuple[DataProto, list[float]]] = []
         for raw in self.val_dataloader:
@@ -342,7 +346,11 @@ class RayPPOTrainer:
             gen_batch.meta_info.update(self._generation_meta(validate=True))
             out = self.groups.actor.generate_sequences(gen_batch)
             out.meta_info = {}
-            n = len(out) // len(batch)
+            if len(out) != n * len(batch):
+                raise RuntimeError(
+                    f"validation: {len(out)} responses for {len(batch)} prompts, expected "
+                    f"actor_rollout_ref.rollout.val_kwargs.n={n} each"
+                )
             batch = batch.repeat(n, interleave=True).union(out)
             if self.groups.reward_model is not None:
                 batch.union(self.groups.reward_model.compute_rm_score(batch).select(meta_info_keys=[]))
@@ -351,13 +359,13 @@ class RayPPOTrainer:
             sources = batch.non_tensor_batch.get(
                 "data_source", np.array(["unknown"] * len(batch), dtype=object)
             )
-            for src, s in zip(sources, seq_scores):
-                scores.setdefault(str(src), []).append(float(s))
+            sources_all.extend(str(src) for src in sources)
+            scores_all.extend(float(s) for s in seq_scores)
             if dump_dir:
                 dumped.append((batch, seq_scores))
         if dumped:
             self._dump_generations(str(dump_dir), dumped)
-        return {f"val-core/{src}/reward/mean@1": float(np.mean(v)) for src, v in scores.items()}
+        return validation_metrics(sources_all, scores_all, n)
 
     def _dump_generations(self, out_dir: str, parts: list[tuple[DataProto, list[float]]]) -> None:
         """Decoded prompts and responses with their scores, for ``scripts/view_rollouts.py``."""

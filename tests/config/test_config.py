@@ -21,6 +21,8 @@ from rlflow.config import (
     need_reference_policy,
     validate_config,
 )
+from rlflow.config.loading import load_sft_config
+from rlflow.config.sft_validate import validate_sft_config
 
 HEADS = {"num_attention_heads": 4, "num_key_value_heads": 2}  # the embedded tiny model
 ACTOR = "actor_rollout_ref.actor"
@@ -71,6 +73,11 @@ def test_config_dir_holds_the_main_config():
 def test_every_shipped_yaml_composes(path: Path):
     """Top-level YAMLs compose as configs; examples/critic_*.yaml apply as critic config files."""
     rel = path.relative_to(config_dir())
+    if rel == Path("sft_trainer.yaml"):
+        sft = load_sft_config()
+        OmegaConf.to_container(sft, resolve=True)
+        validate_sft_config(sft)
+        return
     if rel.parent == Path("."):
         cfg = load_config(config_name=path.stem)
     elif rel.parent == Path("examples") and rel.name.startswith("critic_"):
@@ -89,12 +96,13 @@ def test_default_config_values_and_schema_agree():
     assert OmegaConf.get_type(cfg.critic).__name__ == "CriticConfig"
     assert cfg.data.train_batch_size == 16 and cfg.data.max_prompt_length == 32
     assert cfg.data.max_response_length == 8 and cfg.data.task == "repeat"
-    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 16
+    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 4  # 4 updates per rollout batch
     assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 8
-    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1.0e-3, abs=0)
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1.0e-4, abs=0)
+    assert cfg.critic.optim.lr == pytest.approx(1.0e-3, abs=0)
     assert list(cfg.actor_rollout_ref.actor.optim.betas) == [0.9, 0.999]
     assert cfg.critic.optim.eps == pytest.approx(1.0e-8, abs=0)
-    assert cfg.trainer.total_training_steps == 40 and cfg.trainer.n_gpus_per_node == 2
+    assert cfg.trainer.total_training_steps == 100 and cfg.trainer.n_gpus_per_node == 2
     assert list(cfg.trainer.logger) == ["console", "jsonl"]
     assert cfg.algorithm.adv_estimator == "gae" and cfg.custom_reward_function.name == "compute_score"
     assert cfg.algorithm.custom_advantage_function.name is None
@@ -163,7 +171,7 @@ def test_critic_config_file_overrides_the_critic_group(tmp_path: Path):
     assert cfg.critic.optim.lr == pytest.approx(2.0e-4, abs=0)  # the file wins over the command line
     assert cfg.critic.grad_clip == pytest.approx(0.25, abs=0)  # untouched by the file
     assert cfg.critic.optim.warmup_style == "constant"  # a nested merge, not a replacement
-    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1.0e-3, abs=0)
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1.0e-4, abs=0)
     assert apply_critic_config_file(cfg) == cfg  # idempotent
 
 
@@ -241,7 +249,11 @@ BAD_CONFIGS = [
         f"{D}.ppo_mini_batch_size=6 must be <= data.train_batch_size=16 and",
     ),
     ([f"{D}.ppo_mini_batch_size=1"], {}, f"{D}.ppo_mini_batch_size=1 × {ROLLOUT}.n=1 = 1 responses"),
-    ([f"{D}.ppo_micro_batch_size_per_gpu=3"], {}, f"{D}.ppo_micro_batch_size_per_gpu=3 must divide the 8"),
+    (
+        [f"{D}.ppo_mini_batch_size=16", f"{D}.ppo_micro_batch_size_per_gpu=3"],
+        {},
+        f"{D}.ppo_micro_batch_size_per_gpu=3 must divide the 8",
+    ),
     (
         [f"{D}.use_dynamic_bsz=true", f"{D}.ppo_max_token_len_per_gpu=16"],
         {},
@@ -260,7 +272,11 @@ BAD_CONFIGS = [
         "data.train_batch_size=2 × actor_rollout_ref.rollout.n=1 = 2 responses must be divisible by the "
         "data-parallel size 4 of critic",
     ),
-    ([f"{C}.ppo_micro_batch_size_per_gpu=3"], {}, f"{C}.ppo_micro_batch_size_per_gpu=3 must divide the 8"),
+    (
+        [f"{D}.ppo_mini_batch_size=16", f"{C}.ppo_micro_batch_size_per_gpu=3"],
+        {},
+        f"{C}.ppo_micro_batch_size_per_gpu=3 must divide the 8",
+    ),
     ([f"{C}.ppo_mini_batch_size=1"], {}, f"{C}.ppo_mini_batch_size=1 × {ROLLOUT}.n=1"),
     # Ulysses sizes, fsdp sizes
     (
@@ -337,6 +353,16 @@ BAD_CONFIGS = [
     ([f"{ROLLOUT}.val_kwargs.do_sample=true"], {}, f"{ROLLOUT}.val_kwargs.temperature=0.0 must be > 0"),
     ([f"{ROLLOUT}.top_p=0"], {}, f"{ROLLOUT}.top_p=0.0 must be in (0, 1]"),
     ([f"{ROLLOUT}.n=0"], {}, f"{ROLLOUT}.n=0 must be >= 1"),
+    (
+        [f"{ROLLOUT}.val_kwargs.n=4"],
+        {},
+        f"{ROLLOUT}.val_kwargs.n=4 with {ROLLOUT}.val_kwargs.do_sample=false",
+    ),
+    (
+        [f"{ROLLOUT}.n=2", f"{ROLLOUT}.do_sample=false", f"{ROLLOUT}.temperature=0"],
+        {},
+        f"{ROLLOUT}.n=2 with {ROLLOUT}.do_sample=false",
+    ),
     ([f"{ROLLOUT}.top_k=-2"], {}, f"{ROLLOUT}.top_k=-2 must be >= -1"),
     ([f"{ROLLOUT}.response_length=0"], {}, f"{ROLLOUT}.response_length=0 must be >= 1"),
     ([f"{ROLLOUT}.micro_batch_size=0"], {}, f"{ROLLOUT}.micro_batch_size=0 must be >= 1"),

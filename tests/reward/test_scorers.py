@@ -51,10 +51,11 @@ def test_gsm8k_flexible_and_format_score():
         ("cc", "cccc", 0.5),
         ("", "cccc", 0.0),
         ("aaaa", "cccc", 0.0),
-        ("cccccc", "cccc", 1.0 * (1 - 0.05 * 2)),
+        ("cccccc", "cccc", 1.0 * (1 - 0.25 * 2)),
         (" cccc\n", "cccc", 1.0),  # surrounding whitespace stripped
-        ("acacacac", "cc", 0.5 * (1 - 0.05 * 6)),
-        ("bbbbbbbb", "bbb", 1.0 * (1 - 0.05 * 5)),
+        ("acacacac", "cc", 0.0),  # 6 extra characters: the factor floors at 0
+        ("acac", "cc", 0.5 * (1 - 0.25 * 2)),
+        ("bbbbbbbb", "bbbbb", 1.0 * (1 - 0.25 * 3)),
         ("eeeee", "eeeee", 1.0),
     ],
 )

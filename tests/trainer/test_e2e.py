@@ -182,6 +182,10 @@ def test_grpo_without_critic(tmp_path):
             "trainer.test_freq=1",
             "data.val_batch_size=100",
             f"trainer.validation_data_dir={gens}",
+            # two sampled validation responses per prompt: mean@2, best@2, pass@1/2
+            "actor_rollout_ref.rollout.val_kwargs.n=2",
+            "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+            "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
         )
     )
     result = run_ppo(cfg)
@@ -190,11 +194,19 @@ def test_grpo_without_critic(tmp_path):
     assert "actor/pg_loss" in last and math.isfinite(last["actor/pg_loss"])
     assert "critic/advantages/mean" in last
     rows = load_rollouts(gens / "1.jsonl")
-    assert len(rows) == 256  # the whole validation split, over 3 validation batches
+    assert len(rows) == 2 * 256  # the whole validation split, over 3 validation batches, 2 responses each
     assert {"prompt", "response", "score", "ground_truth", "data_source"} <= set(rows[0])
     assert "repeat" in rows[0]["prompt"]
-    mean = sum(r["score"] for r in rows) / len(rows)
-    assert mean == pytest.approx(last["val-core/rlflow/repeat/reward/mean@1"], abs=1e-6)
+    scores = [r["score"] for r in rows]
+    assert sum(scores) / len(scores) == pytest.approx(last["val-core/rlflow/repeat/reward/mean@2"], abs=1e-6)
+    # the dump keeps each prompt's two responses next to each other: best@2 and pass@2 from it by hand
+    pairs = [(scores[i], scores[i + 1]) for i in range(0, len(scores), 2)]
+    assert all(rows[i]["prompt"] == rows[i + 1]["prompt"] for i in range(0, len(rows), 2))
+    best = sum(max(p) for p in pairs) / len(pairs)
+    solved = sum(max(p) >= 1.0 for p in pairs) / len(pairs)
+    assert last["val-core/rlflow/repeat/reward/best@2/mean"] == pytest.approx(best, abs=1e-6)
+    assert last["val-core/rlflow/repeat/pass@2"] == pytest.approx(solved, abs=1e-6)
+    assert last["val-core/rlflow/repeat/pass@1"] == pytest.approx(sum(s >= 1.0 for s in scores) / len(scores))
 
 
 def test_golden_metrics(tmp_path):
@@ -255,25 +267,47 @@ def test_reward_model_group_scores_the_responses(tmp_path):
     assert abs(last["critic/score/mean"]) < 5.0
 
 
-def test_tiny_ppo_beats_random_init_baseline_by_a_wide_margin(tmp_path):
-    """The default PPO run (GAE + critic, tiny model, easy task) for 40 steps lifts the greedy validation
-    score from the random-init baseline (0.0000 greedy, 0.0017 sampled; docs/baselines.md) to well
-    above 0.1 — learning at least the task's alphabet and answer format."""
+VAL_KEY = "val-core/rlflow/repeat/reward/mean@1"
+WARM_START_SCORE = 0.4629  # greedy validation score of rlflow://tiny-sft/repeat (docs/baselines.md)
+
+
+def _learning_run(tmp_path: Path, *extra: str) -> list[tuple[int, float]]:
     cfg = load_config(
         [
-            "trainer.total_training_steps=40",
-            "trainer.test_freq=40",
+            "trainer.test_freq=10",
             "trainer.logger=[jsonl]",
             f"trainer.log_dir={tmp_path / 'logs'}",
             f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+            *extra,
         ]
     )
-    history = run_ppo(cfg)["history"]
-    key = "val-core/rlflow/repeat/reward/mean@1"
-    before = history[0][key]
-    after = history[-1][key]
-    assert before <= 0.01
-    assert after >= 0.1, f"validation score after 40 steps: {after}"
+    return [(h["step"], h[VAL_KEY]) for h in run_ppo(cfg)["history"] if VAL_KEY in h]
+
+
+@pytest.mark.timeout(900)
+def test_default_ppo_learns_from_the_warm_start(tmp_path):
+    """The default PPO run (GAE + critic, from the warm-started tiny model): 40 steps lift the greedy
+    validation score from the warm start's 0.463 past 0.70 — the letter of every prompt right (the runs
+    of docs/baselines.md are at 0.76-0.78 from step 10 to 40, and go on to 0.86-0.88 by step 90)."""
+    curve = _learning_run(tmp_path, "trainer.total_training_steps=40")
+    assert curve[0] == (0, pytest.approx(WARM_START_SCORE, abs=1e-3))
+    assert [s for s, _ in curve] == [0, 10, 20, 30, 40]
+    assert curve[-1][1] >= 0.70, curve
+
+
+@pytest.mark.timeout(900)
+def test_default_grpo_reaches_0_85(tmp_path):
+    """GRPO with the defaults (``adv_estimator=grpo rollout.n=4``) from the warm start: past 0.85 within
+    60 steps (docs/baselines.md: 0.926 at step 50, 0.943 at step 60) and no collapse afterwards."""
+    curve = _learning_run(
+        tmp_path,
+        "trainer.total_training_steps=60",
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.n=4",
+    )
+    assert curve[0] == (0, pytest.approx(WARM_START_SCORE, abs=1e-3))
+    assert max(v for _, v in curve) >= 0.85, curve
+    assert curve[-1][1] >= 0.75, curve
 
 
 CUSTOM_REWARD = """

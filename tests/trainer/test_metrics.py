@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -25,7 +26,9 @@ from rlflow.trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
+    expected_best_of_k,
     reduce_metrics,
+    validation_metrics,
 )
 
 EOS = 2
@@ -291,3 +294,55 @@ def test_peak_flops_cuda_table_and_memory():
     assert m["perf/max_memory_allocated_gb"] >= 0.25 - 1e-9
     assert not math.isnan(m["perf/max_rss_gb"])
     del x
+
+
+def test_expected_best_of_k_hand_computed():
+    # scores {0, 0.5, 1}: 2-subsets {0,.5} {0,1} {.5,1} -> maxima .5, 1, 1 -> mean 2.5/3
+    assert expected_best_of_k([1.0, 0.0, 0.5], 2) == pytest.approx(2.5 / 3, abs=1e-12)
+    assert expected_best_of_k([1.0, 0.0, 0.5], 1) == pytest.approx(0.5, abs=1e-12)
+    assert expected_best_of_k([1.0, 0.0, 0.5], 3) == pytest.approx(1.0, abs=1e-12)
+    # 0/1 scores: the unbiased pass@k estimator 1 - C(n-c, k)/C(n, k); n=4, c=1, k=2 -> 1 - 3/6
+    assert expected_best_of_k([0, 1, 0, 0], 2) == pytest.approx(0.5, abs=1e-12)
+    with pytest.raises(ValueError, match="need 1 <= k <= n"):
+        expected_best_of_k([1.0], 2)
+
+
+def test_expected_best_of_k_matches_enumeration():
+    import itertools
+
+    rng = np.random.default_rng(0)
+    scores = rng.uniform(size=6).tolist()
+    for k in range(1, 7):
+        subsets = list(itertools.combinations(scores, k))
+        assert expected_best_of_k(scores, k) == pytest.approx(np.mean([max(s) for s in subsets]), abs=1e-12)
+
+
+def test_validation_metrics_n1_is_the_mean():
+    out = validation_metrics(["a", "b", "a"], [0.25, 1.0, 0.75], 1)
+    assert out == {
+        "val-core/a/reward/mean@1": pytest.approx(0.5),
+        "val-core/b/reward/mean@1": pytest.approx(1.0),
+    }
+
+
+def test_validation_metrics_groups_hand_computed():
+    # two prompts of source "s", n=4: [1, 0, 0, 0.5] and [1, 1, 0, 0]
+    scores = [1.0, 0.0, 0.0, 0.5, 1.0, 1.0, 0.0, 0.0]
+    out = validation_metrics(["s"] * 8, scores, 4)
+    assert out["val-core/s/reward/mean@4"] == pytest.approx(3.5 / 8)
+    assert out["val-aux/s/reward/std@4"] == pytest.approx((np.std([1, 0, 0, 0.5]) + 0.5) / 2)
+    # pass@1 = fraction correct; pass@2: prompt 1 (c=1): 1 - C(3,2)/C(4,2) = 0.5; prompt 2 (c=2): 1 - 1/6
+    assert out["val-core/s/pass@1"] == pytest.approx(3 / 8)
+    assert out["val-core/s/pass@2"] == pytest.approx((0.5 + 5 / 6) / 2)
+    assert out["val-core/s/pass@4"] == pytest.approx(1.0)
+    # best@2 of [0, 0, .5, 1]: pairs' maxima 0, .5, 1, .5, 1, 1 -> 4/6; of [0, 0, 1, 1]: 5/6
+    assert out["val-core/s/reward/best@2/mean"] == pytest.approx((4 / 6 + 5 / 6) / 2)
+    assert out["val-core/s/reward/best@4/mean"] == pytest.approx(1.0)
+    assert sorted(k for k in out if "@3" in k) == []  # k runs over 2, 4, ... and n
+
+
+def test_validation_metrics_refuses_broken_groups():
+    with pytest.raises(ValueError, match="not whole groups of n=4"):
+        validation_metrics(["s"] * 6, [0.0] * 6, 4)
+    with pytest.raises(ValueError, match="mix data sources"):
+        validation_metrics(["a", "b"], [0.0, 1.0], 2)
