@@ -143,7 +143,8 @@ def my_advantage(token_level_rewards, response_mask, values, index, config, **kw
     with open(MARKER, "a") as f:
         f.write(f"{token_level_rewards.shape[0]} {values is not None}\\n")
     scores = (token_level_rewards * response_mask).sum(-1, keepdim=True)
-    advantages = (scores - scores.mean()) * response_mask
+    token_mean = (scores * response_mask).sum() / response_mask.sum()  # responses differ in length
+    advantages = (scores - token_mean) * response_mask
     returns = scores * response_mask
     return advantages, returns
 """

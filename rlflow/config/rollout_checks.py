@@ -1,0 +1,75 @@
+"""Checks of ``actor_rollout_ref.rollout`` (part of `rlflow.config.validate.validate_config`)."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from rlflow.config.checks import at_least, choice, flag, number, value_at
+
+__all__ = ["ROLLOUT_NAMES", "check_rollout"]
+
+ROLLOUT = "actor_rollout_ref.rollout"
+
+ROLLOUT_NAMES = ("hf", "vllm")
+"""``actor_rollout_ref.rollout.name`` values: the engines of `rlflow.rollout.ROLLOUT_CLASSES` (a test keeps
+the two equal; the rollout package sits above the config, so the names are listed here)."""
+
+
+def _check_sampling(cfg: DictConfig, prefix: str) -> None:
+    do_sample = flag(cfg, f"{prefix}.do_sample")
+    temperature = at_least(cfg, f"{prefix}.temperature", 0.0, integer=False)
+    if do_sample and temperature <= 0:
+        raise ValueError(f"{prefix}.temperature={temperature!r} must be > 0 when {prefix}.do_sample=true")
+    value = number(cfg, f"{prefix}.top_p")
+    if not 0 < value <= 1:
+        raise ValueError(f"{prefix}.top_p={value!r} must be in (0, 1]")
+    at_least(cfg, f"{prefix}.top_k", -1)
+    n = at_least(cfg, f"{prefix}.n", 1)
+    if n > 1 and not do_sample:
+        raise ValueError(
+            f"{prefix}.n={n} with {prefix}.do_sample=false: the {n} greedy responses of a prompt are "
+            f"identical (no group baseline, no pass@k); set {prefix}.do_sample=true and a temperature > 0"
+        )
+
+
+def check_rollout(cfg: DictConfig) -> None:
+    """``actor_rollout_ref.rollout``: engine, sampling (training and validation), lengths, engine limits."""
+    choice(cfg, f"{ROLLOUT}.name", ROLLOUT_NAMES)
+    _check_sampling(cfg, ROLLOUT)
+    _check_sampling(cfg, f"{ROLLOUT}.val_kwargs")
+    prompt_length = at_least(cfg, f"{ROLLOUT}.prompt_length", 1)
+    max_prompt = value_at(cfg, "data.max_prompt_length")
+    if prompt_length < max_prompt:
+        raise ValueError(
+            f"{ROLLOUT}.prompt_length={prompt_length} must be >= data.max_prompt_length={max_prompt}"
+        )
+    at_least(cfg, f"{ROLLOUT}.response_length", 1)
+    at_least(cfg, f"{ROLLOUT}.micro_batch_size", 1, allow_none=True)
+    tp = at_least(cfg, f"{ROLLOUT}.tensor_model_parallel_size", 1)
+    if value_at(cfg, f"{ROLLOUT}.name") == "vllm":
+        _check_vllm(cfg, tp)
+    value = number(cfg, f"{ROLLOUT}.gpu_memory_utilization")
+    if not 0 < value <= 1:
+        raise ValueError(f"{ROLLOUT}.gpu_memory_utilization={value!r} must be in (0, 1]")
+
+
+def _check_vllm(cfg: DictConfig, tp: int) -> None:
+    """What the vLLM rollout cannot do (rlflow/rollout/vllm.py), refused before anything starts."""
+    if value_at(cfg, "trainer.device") == "cpu":
+        raise ValueError(
+            f"{ROLLOUT}.name=vllm with trainer.device=cpu: the vLLM engine runs on CUDA only; set "
+            f"{ROLLOUT}.name=hf for CPU runs"
+        )
+    if tp > 1:
+        raise ValueError(
+            f"{ROLLOUT}.tensor_model_parallel_size={tp}: the vLLM rollout runs one engine per actor rank, each "
+            "rank seeing one GPU, so tensor parallelism inside the engine is not supported; set it to 1 (the "
+            "rollout is data-parallel over the actor's ranks)"
+        )
+    truncated = value_at(cfg, f"{ROLLOUT}.top_k") > 0 or value_at(cfg, f"{ROLLOUT}.top_p") < 1
+    if truncated and value_at(cfg, f"{ROLLOUT}.calculate_log_probs"):
+        raise ValueError(
+            f"{ROLLOUT}.calculate_log_probs=true with top_k/top_p on: vLLM reports log-probs of the truncated, "
+            "renormalised distribution, not the trainer's log_softmax(logits / temperature); turn top_k/top_p "
+            f"off or set {ROLLOUT}.name=hf"
+        )
