@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 from rlflow.config import apply_critic_config_file, config_dir, to_typed, validate_config
 from rlflow.config.aliases import rewrite_overrides
 from rlflow.config.schema import PPOTrainerConfig
+from rlflow.config.suggest import check_override_keys
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +187,12 @@ def _hydra_main(cfg: DictConfig) -> None:
 def main() -> None:
     """Command-line entry point: Hydra, after rewriting verl's spellings of renamed keys."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    sys.argv = [sys.argv[0], *rewrite_overrides(sys.argv[1:])]
+    overrides = rewrite_overrides(sys.argv[1:])
+    try:
+        check_override_keys(overrides, PPOTrainerConfig)
+    except ValueError as err:
+        raise SystemExit(f"rlflow.trainer.main_ppo: {err}") from None
+    sys.argv = [sys.argv[0], *overrides]
     _hydra_main()
 
 

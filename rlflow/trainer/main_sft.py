@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any
 
 import hydra
@@ -32,6 +33,7 @@ from omegaconf import DictConfig
 from rlflow.config.loading import SFT_CONFIG_NAME, config_dir, to_typed_sft
 from rlflow.config.sft_schema import SFTConfig
 from rlflow.config.sft_validate import validate_sft_config
+from rlflow.config.suggest import check_override_keys
 
 __all__ = ["main", "run_sft"]
 
@@ -94,7 +96,11 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    """Command-line entry point."""
+    """Command-line entry point (unknown keys are refused with the closest ones before Hydra runs)."""
+    try:
+        check_override_keys(sys.argv[1:], SFTConfig, doc="config/sft_trainer.yaml")
+    except ValueError as err:
+        raise SystemExit(f"rlflow.trainer.main_sft: {err}") from None
     _hydra_main()
 
 

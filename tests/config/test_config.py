@@ -23,6 +23,7 @@ from rlflow.config import (
 )
 from rlflow.config.loading import load_sft_config
 from rlflow.config.sft_validate import validate_sft_config
+from rlflow.config.suggest import check_override_keys
 
 HEADS = {"num_attention_heads": 4, "num_key_value_heads": 2}  # the embedded tiny model
 ACTOR = "actor_rollout_ref.actor"
@@ -139,17 +140,60 @@ def test_interpolations_follow_the_actor():
 
 
 @pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.nnode=2", "unknown config key 'trainer.nnode' (did you mean 'trainer.nnodes'?)"),
+        ("critic.optim.lrr=1.0", "unknown config key 'critic.optim.lrr' (did you mean 'critic.optim.lr'"),
+        # a key typed under the wrong section: the keys that end the same way come first
+        ("critic.fsdp.param_offload=true", "(did you mean 'critic.fsdp_config.param_offload' or"),
+        ("trainer.log_val_generations=10", "unknown config key 'trainer.log_val_generations' — every key"),
+    ],
+)
+def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, message: str):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_config([override])
+
+
+def test_override_key_check_lets_valid_forms_through():
+    # verl spellings (rewritten first), free-form sections, hydra keys, '+'/'~' forms and flags
+    load_config(
+        [
+            "critic.model.fsdp_config.param_offload=true",
+            "hydra.run.dir=/tmp/x",
+            "+custom_reward_function.reward_kwargs.bonus=0.5",
+            "data.train_batch_size=8",
+        ]
+    )
+    check_override_keys(["--cfg", "job", "~trainer.logger"], PPOTrainerConfig)
+
+
+@pytest.mark.parametrize(
     ("override", "key"),
     [
-        ("trainer.nnode=2", "trainer.nnode"),  # typo'd key
-        ("critic.optim.lrr=1.0", "critic.optim.lrr"),
-        ("trainer.nnodes=abc", "trainer.nnodes"),  # wrong type
+        ("trainer.nnodes=abc", "trainer.nnodes"),
         (f"{ACTOR}.use_dynamic_bsz=maybe", f"{ACTOR}.use_dynamic_bsz"),
     ],
 )
-def test_bad_override_fails_at_composition(override: str, key: str):
+def test_wrong_type_fails_at_composition(override: str, key: str):
     with pytest.raises(ConfigCompositionException, match=re.escape(key)):
         load_config([override])
+
+
+def test_command_line_refuses_an_unknown_key_before_anything_starts():
+    import subprocess
+    import sys
+
+    for module, override, meant in [
+        ("rlflow.trainer.main_ppo", "trainer.total_epoch=3", "'trainer.total_epochs'"),
+        ("rlflow.trainer.main_sft", "optim.lrr=1", "'optim.lr'"),
+    ]:
+        proc = subprocess.run(
+            [sys.executable, "-m", module, override], capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode != 0
+        assert f"unknown config key {override.split('=')[0]!r} (did you mean {meant}" in proc.stderr, (
+            proc.stderr
+        )
 
 
 def test_load_config_inside_a_hydra_app_keeps_the_app_hydra():

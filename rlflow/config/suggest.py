@@ -1,0 +1,96 @@
+"""Unknown command-line keys, caught before composition, with "did you mean" suggestions.
+
+Hydra refuses a key the schema does not have ("Key 'lrr' is not in struct") without saying which key was
+meant. `check_override_keys` runs first — in `rlflow.config.loading.load_config` and the ``main_*``
+entry points, after verl's spellings are rewritten (`rlflow.config.aliases`) — and names the closest
+keys of the schema: the keys that end the same way (a key typed under the wrong section), then the
+closest spellings.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from collections.abc import Iterable
+
+from omegaconf import DictConfig, OmegaConf
+
+__all__ = ["check_override_keys", "schema_keys", "suggest_keys"]
+
+
+@functools.cache
+def schema_keys(schema: type) -> tuple[frozenset[str], frozenset[str]]:
+    """Dotted keys of a structured config: ``(keys, open_sections)``.
+
+    ``keys`` holds every section and leaf; ``open_sections`` the free-form mappings (``dict`` fields such
+    as ``custom_reward_function.reward_kwargs``), under which any key is accepted.
+    """
+    keys: set[str] = set()
+    open_sections: set[str] = set()
+
+    def walk(node: DictConfig, prefix: str) -> None:
+        for name in node.keys():
+            key = f"{prefix}{name}"
+            keys.add(key)
+            child = node._get_node(name)
+            if isinstance(child, DictConfig):
+                if OmegaConf.get_type(child) in (dict, None):
+                    open_sections.add(key)
+                else:
+                    walk(child, key + ".")
+
+    walk(OmegaConf.structured(schema), "")
+    return frozenset(keys), frozenset(open_sections)
+
+
+def suggest_keys(key: str, known: Iterable[str], limit: int = 3) -> list[str]:
+    """Known leaf keys close to ``key``: same last component first (nearest spelling first), then
+    spellings. Sections (keys that prefix others) are not suggested."""
+    known = sorted(known)
+    sections = {k.rsplit(".", 1)[0] for k in known if "." in k}
+    known = [k for k in known if k not in sections]
+    leaf = key.rsplit(".", 1)[-1]
+    same_leaf = [k for k in known if k.rsplit(".", 1)[-1] == leaf]
+    same_leaf.sort(key=lambda k: -difflib.SequenceMatcher(None, key, k).ratio())
+    close = difflib.get_close_matches(key, known, n=limit, cutoff=0.75)
+    out: list[str] = []
+    for k in [*same_leaf, *close]:
+        if k not in out:
+            out.append(k)
+    return out[:limit]
+
+
+def _override_key(item: str) -> str | None:
+    """The key a plain ``key=value`` override sets; None for flags, ``+``/``~`` forms and ``hydra.*``."""
+    if item.startswith(("-", "+", "~")) or "=" not in item:
+        return None
+    key = item.split("=", 1)[0].strip()
+    return None if key == "hydra" or key.startswith("hydra.") else key
+
+
+def check_override_keys(overrides: Iterable[str], schema: type, doc: str = "docs/configuration.md") -> None:
+    """Refuse overrides whose key the schema does not have, suggesting the keys meant.
+
+    Args:
+        overrides: command-line overrides, verl spellings already rewritten.
+        schema: the root dataclass (``PPOTrainerConfig``, ``SFTConfig``).
+        doc: where the keys are listed (named in the message).
+
+    Raises:
+        ValueError: ``unknown config key 'trainer.total_epoch' (did you mean 'trainer.total_epochs'?)``,
+            one line per unknown key.
+    """
+    keys, open_sections = schema_keys(schema)
+    problems = []
+    for item in overrides:
+        key = _override_key(item)
+        if key is None or key in keys:
+            continue
+        parts = key.split(".")
+        if any(".".join(parts[:i]) in open_sections for i in range(1, len(parts))):
+            continue
+        hint = suggest_keys(key, keys)
+        meant = f" (did you mean {' or '.join(repr(k) for k in hint)}?)" if hint else ""
+        problems.append(f"unknown config key {key!r}{meant}")
+    if problems:
+        raise ValueError("; ".join(problems) + f" — every key is listed in {doc}")
