@@ -84,15 +84,16 @@ def test_hand_written_pages_cite_existing_code(page: str) -> None:
             assert re.search(pattern, file.read_text(), flags=re.M), f"{page}: {path} defines no {name}"
 
 
-def _trainer_commands(text: str) -> list[list[str]]:
-    """The Hydra overrides of every ``python -m rlflow.trainer.main_ppo`` line in bash code blocks."""
+def _trainer_commands(text: str, trainer: str = TRAINER) -> list[list[str]]:
+    """The Hydra overrides of every ``python -m rlflow.trainer.main_ppo`` (or ``trainer``) line in bash
+    (or unlabelled) code blocks; a trailing ``# comment`` is dropped."""
     commands, fence = [], None
     for line in text.replace("\\\n", " ").splitlines():
         stripped = line.strip()
         if stripped.startswith("```"):
             fence = stripped[3:] if fence is None else None
-        elif fence in ("", "bash") and TRAINER in stripped:
-            commands.append(shlex.split(stripped.split(TRAINER, 1)[1]))
+        elif fence in ("", "bash") and trainer in stripped:
+            commands.append(shlex.split(stripped.split(trainer, 1)[1], comments=True))
     return commands
 
 
@@ -104,3 +105,15 @@ def test_documented_trainer_commands_compose() -> None:
             load_config(overrides)
             count += 1
     assert count >= 8
+
+
+def test_documented_sft_commands_compose() -> None:
+    """The ``main_sft`` command lines of the README and docs/sft.md name existing SFT keys."""
+    from rlflow.config.loading import load_sft_config
+
+    count = 0
+    for text in ((REPO / "README.md").read_text(), (DOCS / "sft.md").read_text()):
+        for overrides in _trainer_commands(text, "python -m rlflow.trainer.main_sft"):
+            load_sft_config([o for o in overrides if "=" in o])
+            count += 1
+    assert count >= 3

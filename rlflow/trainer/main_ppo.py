@@ -31,11 +31,12 @@ logger = logging.getLogger(__name__)
 __all__ = ["build_trainer", "main", "prepare_config", "run_ppo"]
 
 
-def prepare_config(cfg: DictConfig) -> DictConfig:
+def prepare_config(cfg: DictConfig, build_warm_start: bool = True) -> DictConfig:
     """Apply the critic config file, fill the embedded defaults (the warm-started tiny model of
     ``data.task``; the synthetic task files) and validate — all before any Ray actor starts. Raises
     ``ValueError`` naming the key path. A warm start is built (once, into the cache) only after the
-    config validated: it has the architecture of ``rlflow://tiny``, which stands in for it until then."""
+    config validated: it has the architecture of ``rlflow://tiny``, which stands in for it until then
+    (and afterwards too with ``build_warm_start=False``: `rlflow.trainer.check_config`)."""
     from transformers import AutoConfig
 
     from rlflow.data.tasks import ensure_task_files
@@ -61,9 +62,9 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
     validate_config(
         cfg, num_attention_heads=hf.num_attention_heads, num_key_value_heads=hf.num_key_value_heads
     )
-    if actor_warm:
+    if actor_warm and build_warm_start:
         model.path = ensure_warm_start(actor_warm)
-    if critic_warm:
+    if critic_warm and build_warm_start:
         critic.path = ensure_warm_start(critic_warm)
     return cfg
 

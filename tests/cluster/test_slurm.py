@@ -228,7 +228,7 @@ def test_two_node_job_failing_driver(job: Job) -> None:
     assert rc == 1, f"job exit status {rc}; job output:\n{out[-6000:]}"
     assert re.search(rf"2 node\(s\) \[{names[0]} {names[1]}\], head {names[0]} ", out), out[-4000:]
     assert "Ray cluster ready: 2/2 nodes" in out, out[-4000:]
-    assert "Key 'no_such_key' not in 'TrainerConfig'" in out
+    assert "unknown config key 'trainer.no_such_key'" in out
     assert "driver exited with status 1" in out
     assert re.search(r"shutting down \(exit status 1\)", out)
     stopped = STOPPED.findall(out)

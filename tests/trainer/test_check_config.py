@@ -1,0 +1,46 @@
+"""``python -m rlflow.trainer.check_config``: the whole pre-Ray validation of a command line, nothing started."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from rlflow.trainer.check_config import check_config, main, summary
+
+
+def test_summary_names_the_estimator_roles_and_geometry():
+    assert summary(check_config([])) == (
+        "config OK: gae; roles: actor+rollout, critic; 1 x 2 ranks; 16 prompts x 1 responses per step; steps: 100"
+    )
+    grpo = summary(check_config(["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4"]))
+    assert grpo.startswith("config OK: grpo; roles: actor+rollout; ") and "16 prompts x 4 responses" in grpo
+
+
+def test_problems_exit_1_with_the_key(capsys):
+    assert main(["trainer.total_epoch=3"]) == 1
+    assert "(did you mean 'trainer.total_epochs'?)" in capsys.readouterr().err
+    assert main(["actor_rollout_ref.actor.ppo_mini_batch_size=5"]) == 1  # a rule of validate_config
+    assert (
+        "ppo_mini_batch_size=5 must be <= data.train_batch_size=16 and divide it" in capsys.readouterr().err
+    )
+    assert main(["trainer.nnodes=abc"]) == 1  # a wrong type, from composition
+    assert "trainer.nnodes" in capsys.readouterr().err
+
+
+def test_print_shows_the_resolved_config(capsys):
+    assert main(["--print", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]) == 0
+    out = capsys.readouterr().out
+    assert "train_batch_size: 8" in out and out.rstrip().endswith("steps: 100")
+
+
+def test_starts_no_ray_and_builds_no_warm_start(tmp_path):
+    code = (
+        "import sys; from rlflow.trainer.check_config import main; rc = main([]); "
+        "assert rc == 0; assert 'ray' not in sys.modules, 'ray imported'"
+    )
+    env = {"RLFLOW_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "config OK: gae" in proc.stdout
+    built = sorted(p.name for p in tmp_path.iterdir())
+    assert not any(name.startswith("tiny-sft") for name in built), built  # only the base model and task files
