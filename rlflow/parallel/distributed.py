@@ -9,8 +9,10 @@ nothing when a process group already exists.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import socket
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -159,6 +161,14 @@ def _spawn_entry(
         torch.save(result, os.path.join(out_dir, f"rank{local_rank}.pt"))
     finally:
         dist.destroy_process_group()
+    # The result is on disk: leave without interpreter finalization. Gloo's C++ threads can still hold
+    # work objects whose destruction needs the GIL while the interpreter is torn down, which aborts
+    # the process (SIGABRT, "terminate called without an active exception") at random after a
+    # successful run. Errors raised by ``fn`` never get here: spawn reports them with their traceback.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def spawn_workers(fn: Callable[..., Any], world_size: int, args: tuple = ()) -> list[Any]:
@@ -179,7 +189,12 @@ def spawn_workers(fn: Callable[..., Any], world_size: int, args: tuple = ()) -> 
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_spawn_entry, args=(fn, world_size, find_free_port(), out_dir, args), nprocs=world_size)
+        try:
+            mp.spawn(_spawn_entry, args=(fn, world_size, find_free_port(), out_dir, args), nprocs=world_size)
+        except mp.ProcessExitedException as exc:
+            saved = os.path.exists(os.path.join(out_dir, f"rank{exc.error_index}.pt"))
+            where = "after saving its result" if saved else f"inside {getattr(fn, '__name__', fn)!r}"
+            raise RuntimeError(f"spawned rank {exc.error_index} died {where}: {exc}") from exc
         return [
             torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)
         ]
