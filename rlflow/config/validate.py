@@ -100,6 +100,23 @@ def need_reference_policy(cfg: Any) -> bool:
     return bool(cfg.algorithm.use_kl_in_reward or cfg.actor_rollout_ref.actor.use_kl_loss)
 
 
+def needed_roles(cfg: Any) -> list[str]:
+    """The worker groups a run starts, in start order: ``actor`` (with its rollout), then ``ref``,
+    ``critic`` and ``reward_model`` when the config needs them.
+
+    Args:
+        cfg: the composed trainer config (a ``DictConfig`` or the typed `PPOTrainerConfig`).
+    """
+    roles = ["actor"]
+    if need_reference_policy(cfg):
+        roles.append("ref")
+    if need_critic(cfg):
+        roles.append("critic")
+    if cfg.reward_model.enable:
+        roles.append("reward_model")
+    return roles
+
+
 def _world_size(cfg: DictConfig) -> int:
     nnodes = at_least(cfg, "trainer.nnodes", 1)
     per_node = at_least(cfg, "trainer.n_gpus_per_node", 1)

@@ -38,16 +38,11 @@ def check_config(overrides: Sequence[str]) -> DictConfig:
 
 def summary(cfg: DictConfig) -> str:
     """One line: the estimator, the roles that will start, the layout and the step geometry."""
-    from rlflow.config import need_critic, need_reference_policy
+    from rlflow.config import needed_roles
 
     trainer, rollout = cfg.trainer, cfg.actor_rollout_ref.rollout
-    roles = ["actor+rollout"]
-    if need_reference_policy(cfg):
-        roles.append("reference")
-    if need_critic(cfg):
-        roles.append("critic")
-    if cfg.reward_model.enable:
-        roles.append("reward model")
+    names = {"actor": "actor+rollout", "ref": "reference", "reward_model": "reward model"}
+    roles = [names.get(role, role) for role in needed_roles(cfg)]
     steps = trainer.total_training_steps if trainer.total_training_steps is not None else "from total_epochs"
     return (
         f"config OK: {cfg.algorithm.adv_estimator}; roles: {', '.join(roles)}; "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from rlflow.config import need_critic, need_reference_policy
+from rlflow.config import needed_roles
 from rlflow.config.schema import PPOTrainerConfig
 from rlflow.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from rlflow.single_controller.worker_group import wait_all
@@ -63,13 +63,7 @@ def build_worker_groups(config: PPOTrainerConfig, total_training_steps: int) -> 
     """
     from rlflow.workers import ActorRolloutWorker, CriticWorker, RefWorker, RewardModelWorker
 
-    roles = ["actor"]
-    if need_reference_policy(config):
-        roles.append("ref")
-    if need_critic(config):
-        roles.append("critic")
-    if config.reward_model.enable:
-        roles.append("reward_model")
+    roles = needed_roles(config)
     trainer = config.trainer
     pool = RayResourcePool(
         [int(trainer.n_gpus_per_node)] * int(trainer.nnodes),
