@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +18,48 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LATEST_FILE", "TrainerCheckpointer", "latest_checkpoint_dir"]
+__all__ = [
+    "LATEST_FILE",
+    "TrainerCheckpointer",
+    "latest_checkpoint_dir",
+    "read_latest_pointer",
+    "saved_steps",
+    "write_latest_pointer",
+]
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.pt"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
-def latest_checkpoint_dir(root: str | os.PathLike) -> str | None:
-    """The ``global_step_N`` directory the pointer file names, or None when there is none."""
+def saved_steps(root: str | os.PathLike) -> list[int]:
+    """The steps of the ``global_step_N`` directories under ``root``, ascending."""
+    return sorted(
+        int(m.group(1)) for p in Path(root).iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()
+    )
+
+
+def write_latest_pointer(root: str | os.PathLike, step: int) -> None:
+    """Point ``root/latest_checkpointed_iteration.txt`` at ``step``, atomically (temporary file, then
+    ``os.replace``): call it after the step's files are complete."""
+    tmp = Path(root) / (LATEST_FILE + ".tmp")
+    tmp.write_text(str(step))
+    os.replace(tmp, Path(root) / LATEST_FILE)
+
+
+def read_latest_pointer(
+    root: str | os.PathLike, is_complete: Callable[[Path], bool], expected: str
+) -> str | None:
+    """The ``global_step_N`` directory the pointer file under ``root`` names, or None when there is none.
+
+    Args:
+        root: the checkpoint root (``trainer.default_local_dir``).
+        is_complete: whether a step directory holds a complete checkpoint.
+        expected: what a complete step directory has, for the error message.
+
+    Raises:
+        ValueError: the pointer is not a step number, or names an incomplete step directory.
+    """
     pointer = Path(root) / LATEST_FILE
     if not pointer.is_file():
         return None
@@ -33,9 +67,14 @@ def latest_checkpoint_dir(root: str | os.PathLike) -> str | None:
     if not text.isdigit():
         raise ValueError(f"{pointer}: expected a step number, found {text!r}")
     path = Path(root) / f"global_step_{int(text)}"
-    if not (path / STATE_FILE).is_file():
-        raise ValueError(f"{pointer} names step {text} but {path / STATE_FILE} is missing")
+    if not is_complete(path):
+        raise ValueError(f"{pointer} names step {text} but {path} has no {expected}")
     return str(path)
+
+
+def latest_checkpoint_dir(root: str | os.PathLike) -> str | None:
+    """The PPO trainer's ``global_step_N`` directory the pointer file names, or None when there is none."""
+    return read_latest_pointer(root, lambda path: (path / STATE_FILE).is_file(), STATE_FILE)
 
 
 class TrainerCheckpointer:
@@ -62,17 +101,13 @@ class TrainerCheckpointer:
         tmp = step_dir / (STATE_FILE + ".tmp")
         torch.save(state, tmp)
         os.replace(tmp, step_dir / STATE_FILE)
-        pointer_tmp = self.root / (LATEST_FILE + ".tmp")
-        pointer_tmp.write_text(str(step))
-        os.replace(pointer_tmp, self.root / LATEST_FILE)
+        write_latest_pointer(self.root, step)
         self._prune(step)
         logger.info("saved checkpoint %s", step_dir)
         return str(step_dir)
 
     def _prune(self, current: int) -> None:
-        steps = sorted(
-            int(m.group(1)) for p in self.root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()
-        )
+        steps = saved_steps(self.root)
         for role, keep in self.keep.items():
             if keep is None or int(keep) <= 0:
                 continue

@@ -23,7 +23,6 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import re
 import shutil
 import time
 from dataclasses import asdict
@@ -46,30 +45,22 @@ from rlflow.logging.tracking import ProgressBar, Tracking
 from rlflow.models.loader import load_tokenizer
 from rlflow.parallel.checkpoint import export_hf, is_checkpoint_complete, load_checkpoint, save_checkpoint
 from rlflow.parallel.distributed import current_device, init_distributed
+from rlflow.trainer.checkpointing import read_latest_pointer, saved_steps, write_latest_pointer
 from rlflow.workers.role_setup import RoleLayout, build_role_module, model_path, setup_role_parallel
 
 __all__ = ["HF_DIR", "FSDPSFTTrainer", "latest_sft_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
-LATEST_FILE = "latest_checkpointed_iteration.txt"
 HF_DIR = "huggingface"
 _MODEL_DIR = "model"
-_STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
 def latest_sft_checkpoint(root: str | os.PathLike) -> str | None:
     """The ``global_step_<n>`` directory ``latest_checkpointed_iteration.txt`` names, or None."""
-    pointer = Path(root) / LATEST_FILE
-    if not pointer.is_file():
-        return None
-    text = pointer.read_text().strip()
-    if not text.isdigit():
-        raise ValueError(f"{pointer}: expected a step number, found {text!r}")
-    path = Path(root) / f"global_step_{int(text)}"
-    if not is_checkpoint_complete(path / _MODEL_DIR):
-        raise ValueError(f"{pointer} names step {text} but {path / _MODEL_DIR} is not a complete checkpoint")
-    return str(path)
+    return read_latest_pointer(
+        root, lambda path: is_checkpoint_complete(path / _MODEL_DIR), f"complete checkpoint in {_MODEL_DIR}/"
+    )
 
 
 def _layout(config: SFTConfig) -> RoleLayout:
@@ -261,9 +252,7 @@ class FSDPSFTTrainer:
         save_checkpoint(step_dir / _MODEL_DIR, self.module, self.optimizer, self.lr_scheduler, extra)
         hf_dir = export_hf(self.module, self.tokenizer, step_dir / HF_DIR)
         if self.rank == 0:
-            tmp = root / (LATEST_FILE + ".tmp")
-            tmp.write_text(str(self.global_step))
-            os.replace(tmp, root / LATEST_FILE)
+            write_latest_pointer(root, self.global_step)
             self._prune(root)
             logger.info("saved %s", step_dir)
         dist.barrier()
@@ -273,9 +262,7 @@ class FSDPSFTTrainer:
         keep = self.config.trainer.max_ckpt_to_keep
         if not keep:
             return
-        steps = sorted(
-            int(m.group(1)) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()
-        )
+        steps = saved_steps(root)
         for old in steps[: max(0, len(steps) - int(keep))]:
             shutil.rmtree(root / f"global_step_{old}", ignore_errors=True)
 
