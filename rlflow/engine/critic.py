@@ -96,14 +96,10 @@ class DataParallelPPOCritic:
         return out["values"]
 
     def _optimizer_step(self) -> float:
-        """Clip the gradient norm and step; skip (clearing the gradients) when it is not finite.
-
-        Returns:
-            The total gradient norm before clipping (non-finite when the step was skipped).
-        """
-        grad_clip = self.update.grad_clip if self.update is not None else 0.0
-        grad_norm, _ = optimizer_step(self.critic_module, self.critic_optimizer, grad_clip)
-        return grad_norm
+        """`optimizer_step` with this role's ``grad_clip``; returns the gradient norm before clipping."""
+        return optimizer_step(
+            self.critic_module, self.critic_optimizer, self.update.grad_clip if self.update else None
+        )[0]
 
     # ---- passes ----------------------------------------------------------------------------------------
 
