@@ -18,7 +18,7 @@ Device contract: a data-parallel method receives its `DataProto` arguments with 
 worker's ``device`` and its returned `DataProto` goes back with CPU tensors; the wrapper `register`
 builds does both, so no method moves data itself.
 
-With ``blocking=False`` a data-parallel call returns a :class:`~rlflow.protocol.DataProtoFuture` at
+With ``blocking=False`` a data-parallel call returns a :class:`~rlflow.single_controller.futures.DataProtoFuture` at
 once.  Passing that future to another group's method hands each of its workers exactly its samples,
 routed by sample index; the driver moves object refs only, never the data.
 """
@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlflow.protocol import DataProto, DataProtoFuture, FutureSlice, pad_dataproto_to_divisor, unpad_dataproto
+from rlflow.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
+from rlflow.single_controller.futures import DataProtoFuture, FutureSlice
 
 if TYPE_CHECKING:
     from rlflow.single_controller.worker_group import RayWorkerGroup as WorkerGroup

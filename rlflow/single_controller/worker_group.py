@@ -12,7 +12,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlflow.protocol import DataProtoFuture
+from rlflow.single_controller.futures import DataProtoFuture
 from rlflow.single_controller.decorator import (
     DROP_OUTPUT_KWARG,
     MeshDispatch,

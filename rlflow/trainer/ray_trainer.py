@@ -28,7 +28,8 @@ from rlflow.config import to_typed
 from rlflow.config.schema import PPOTrainerConfig
 from rlflow.engine.seqlen_balancing import balance_batch_across_dp
 from rlflow.logging.tracking import ProgressBar
-from rlflow.protocol import DataProto, DataProtoFuture
+from rlflow.protocol import DataProto
+from rlflow.single_controller.futures import DataProtoFuture
 from rlflow.trainer.checkpointing import TrainerCheckpointer
 from rlflow.trainer.metrics import (
     compute_data_metrics,

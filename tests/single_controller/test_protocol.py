@@ -8,12 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlflow.protocol import (
-    DataProto,
-    DataProtoFuture,
-    pad_dataproto_to_divisor,
-    unpad_dataproto,
-)
+from rlflow.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
+from rlflow.single_controller.futures import DataProtoFuture
 
 
 def make(n: int = 6, offset: int = 0) -> DataProto:

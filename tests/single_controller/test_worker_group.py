@@ -13,7 +13,8 @@ import pytest
 import ray
 import torch
 
-from rlflow.protocol import DataProto, DataProtoFuture, FutureSlice
+from rlflow.protocol import DataProto
+from rlflow.single_controller.futures import DataProtoFuture, FutureSlice
 from rlflow.single_controller import (
     Dispatch,
     RayClassWithInitArgs,

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rlflow.config import load_config
-from rlflow.protocol import DataProtoFuture, FutureSlice
+from rlflow.single_controller.futures import DataProtoFuture, FutureSlice
 from rlflow.trainer.main_ppo import build_trainer, run_ppo
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
