@@ -12,7 +12,6 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlflow.single_controller.futures import DataProtoFuture
 from rlflow.single_controller.decorator import (
     DROP_OUTPUT_KWARG,
     MeshDispatch,
@@ -24,6 +23,7 @@ from rlflow.single_controller.decorator import (
     is_data_parallel,
     registered_methods,
 )
+from rlflow.single_controller.futures import DataProtoFuture
 from rlflow.single_controller.resource_pool import RayResourcePool
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,6 @@ import ray
 import torch
 
 from rlflow.protocol import DataProto
-from rlflow.single_controller.futures import DataProtoFuture, FutureSlice
 from rlflow.single_controller import (
     Dispatch,
     RayClassWithInitArgs,
@@ -26,6 +25,7 @@ from rlflow.single_controller import (
     make_nd_compute_dataproto_dispatch_fn,
     register,
 )
+from rlflow.single_controller.futures import DataProtoFuture, FutureSlice
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
