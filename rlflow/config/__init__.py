@@ -33,7 +33,13 @@ if TYPE_CHECKING:
         resolve_critic_config_path,
         to_typed,
     )
-    from rlflow.config.validate import need_critic, need_reference_policy, needed_roles, validate_config
+    from rlflow.config.validate import (
+        need_critic,
+        need_reference_policy,
+        needed_roles,
+        update_is_on_policy,
+        validate_config,
+    )
 
 # Loading and validation need Hydra / OmegaConf; the schema does not, so a worker-only environment (a GPU
 # machine without Hydra, scripts/gpu_check.py) can import the workers. They are imported on first use.
@@ -50,7 +56,10 @@ _HYDRA_SIDE = {
         ),
         "loading",
     ),
-    **dict.fromkeys(("need_critic", "need_reference_policy", "needed_roles", "validate_config"), "validate"),
+    **dict.fromkeys(
+        ("need_critic", "need_reference_policy", "needed_roles", "update_is_on_policy", "validate_config"),
+        "validate",
+    ),
 }
 
 __all__ = [
@@ -67,6 +76,7 @@ __all__ = [
     "register_configs",
     "resolve_critic_config_path",
     "to_typed",
+    "update_is_on_policy",
     "validate_config",
 ]
 

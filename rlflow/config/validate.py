@@ -100,6 +100,27 @@ def need_reference_policy(cfg: Any) -> bool:
     return bool(cfg.algorithm.use_kl_in_reward or cfg.actor_rollout_ref.actor.use_kl_loss)
 
 
+def update_is_on_policy(cfg: Any) -> bool:
+    """True when the actor's update reuses its own forward as the old policy's log-probs: one PPO epoch
+    over one mini-batch that holds the whole step (``ppo_mini_batch_size == data.train_batch_size``),
+    so every micro-batch's forward runs on the weights that generated the responses and
+    ``old_log_probs`` would equal its detached log-probs. The trainer then skips the separate
+    ``compute_log_prob`` pass, unless something reads them before the update: the KL penalty in the
+    reward (``algorithm.use_kl_in_reward``) or the rollout/trainer comparison
+    (``rollout.calculate_log_probs``).
+
+    Args:
+        cfg: the composed trainer config (a ``DictConfig`` or the typed `PPOTrainerConfig`).
+    """
+    actor = cfg.actor_rollout_ref.actor
+    return (
+        int(actor.ppo_epochs) == 1
+        and int(actor.ppo_mini_batch_size) == int(cfg.data.train_batch_size)
+        and not bool(cfg.actor_rollout_ref.rollout.calculate_log_probs)
+        and not bool(cfg.algorithm.use_kl_in_reward)
+    )
+
+
 def needed_roles(cfg: Any) -> list[str]:
     """The worker groups a run starts, in start order: ``actor`` (with its rollout), then ``ref``,
     ``critic`` and ``reward_model`` when the config needs them.

@@ -149,17 +149,31 @@ class DataParallelPPOActor:
 
         Args:
             data: forward keys plus ``old_log_probs``, ``advantages`` (bs, response_len), and
-                ``ref_log_prob`` when ``use_kl_loss``.
+                ``ref_log_prob`` when ``use_kl_loss``. ``old_log_probs`` may be left out when the update
+                is on-policy (one epoch, one mini-batch: `rlflow.config.update_is_on_policy`): each
+                micro-batch's own detached log-probs are then the old policy's, exactly.
             step: the training step (seeds the mini-batch shuffle).
 
         Returns:
             Metrics averaged over mini-batches: ``actor/pg_loss``, ``actor/pg_clipfrac``,
             ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``, ``actor/entropy_loss``, ``actor/kl_loss`` (when
-            enabled), ``actor/grad_norm``, ``actor/skipped_steps``.
+            enabled), ``actor/grad_norm``, ``actor/skipped_steps``; without ``old_log_probs`` also
+            ``actor/entropy`` (what ``compute_log_prob`` reports otherwise).
+
+        Raises:
+            ValueError: ``old_log_probs`` is missing and the update is not on-policy.
         """
         if self.actor_optimizer is None or self.update is None:
             raise RuntimeError(
                 "update_policy needs an actor optimizer and an UpdateSpec (the reference has none)"
+            )
+        if "old_log_probs" not in data.batch.keys() and not (
+            self.update.epochs == 1 and self.update.samples_per_mini_batch >= len(data)
+        ):
+            raise ValueError(
+                f"update_policy without old_log_probs needs an on-policy update (ppo_epochs=1 and one "
+                f"mini-batch); this one has ppo_epochs={self.update.epochs} and mini-batches of "
+                f"{self.update.samples_per_mini_batch} of {len(data)} samples: run compute_log_prob first"
             )
         self.actor_module.train()
         keys = [*FORWARD_KEYS, "old_log_probs", "advantages"]
@@ -184,17 +198,23 @@ class DataParallelPPOActor:
         mode, entropy_coeff = cfg.loss_agg_mode, float(cfg.entropy_coeff)
         policy_loss_fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
         micro = split_micro_batches(mini.batch, self.update.micro, self.sync_group)
+        on_policy = "old_log_probs" not in mini.batch.keys()
         for mb in micro.batches:
             mask = mb["response_mask"]
-            entropy, log_probs = self._forward_micro_batch(mb, self.temperature, entropy_coeff != 0)
+            entropy, log_probs = self._forward_micro_batch(
+                mb, self.temperature, entropy_coeff != 0 or on_policy
+            )
+            old_log_probs = log_probs.detach() if on_policy else mb["old_log_probs"]
+            if on_policy:
+                acc.add("actor/entropy", masked_mean(entropy.detach(), mask), weight=float(mask.sum()))
             is_weights = None
             if cfg.tis_imp_ratio_cap > 0:
                 is_weights = compute_rollout_is_weights(
-                    mb["old_log_probs"], mb["rollout_log_probs"], mask, cfg.tis_imp_ratio_cap
+                    old_log_probs, mb["rollout_log_probs"], mask, cfg.tis_imp_ratio_cap
                 )
                 acc.add("actor/tis_weight_mean", masked_mean(is_weights, mask), weight=float(mask.sum()))
             pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = policy_loss_fn(
-                mb["old_log_probs"], log_probs, mb["advantages"], mask, mode, cfg, is_weights, **norm
+                old_log_probs, log_probs, mb["advantages"], mask, mode, cfg, is_weights, **norm
             )
             loss = pg_loss
             if entropy_coeff != 0:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from rlflow.algos.advantages import advantage_metrics, compute_advantage
-from rlflow.config import to_typed
+from rlflow.config import to_typed, update_is_on_policy
 from rlflow.config.schema import PPOTrainerConfig
 from rlflow.engine.seqlen_balancing import balance_batch_across_dp
 from rlflow.logging.tracking import ProgressBar
@@ -97,6 +97,13 @@ class RayPPOTrainer:
             get_kl_controller(config.algorithm.kl_ctrl) if config.algorithm.use_kl_in_reward else None
         )
         self.groups: WorkerGroups | None = None
+        # One epoch over one mini-batch: the update's own forward gives the old policy's log-probs.
+        self.recompute_old_log_prob = not update_is_on_policy(config)
+        if not self.recompute_old_log_prob:
+            logger.info(
+                "on-policy update (ppo_epochs=1, ppo_mini_batch_size=train_batch_size): old log-probs come "
+                "from the update's forward; the compute_log_prob pass is skipped"
+            )
         self.checkpointer = TrainerCheckpointer(config.trainer)
         self.history: list[dict[str, float]] = []
         self.total_training_steps = self._total_steps()
@@ -178,8 +185,9 @@ class RayPPOTrainer:
             self._balance(batch)
             with _timer("reward", timing):
                 metrics.update(self._reward(batch))
-            with _timer("old_log_prob", timing):
-                metrics.update(self._old_log_prob(batch))
+            if self.recompute_old_log_prob:
+                with _timer("old_log_prob", timing):
+                    metrics.update(self._old_log_prob(batch))
             if self.groups.ref is not None:
                 with _timer("ref", timing):
                     self._ref_log_prob(batch)

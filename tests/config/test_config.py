@@ -19,6 +19,7 @@ from rlflow.config import (
     load_config,
     need_critic,
     need_reference_policy,
+    update_is_on_policy,
     validate_config,
 )
 from rlflow.config.loading import load_sft_config
@@ -116,6 +117,20 @@ def test_grpo_composes_without_critic():
     assert not need_critic(cfg)
     assert need_critic(load_config(["algorithm.adv_estimator=grpo", "critic.enable=true"]))
     assert need_reference_policy(load_config([f"{ACTOR}.use_kl_loss=true"]))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "on_policy"),
+    [
+        ([], False),  # 4 mini-batches of the 16 prompts
+        ([f"{ACTOR}.ppo_mini_batch_size=16"], True),
+        ([f"{ACTOR}.ppo_mini_batch_size=16", f"{ACTOR}.ppo_epochs=2"], False),
+        ([f"{ACTOR}.ppo_mini_batch_size=16", "algorithm.use_kl_in_reward=true"], False),  # the KL reads them
+        ([f"{ACTOR}.ppo_mini_batch_size=16", f"{ROLLOUT}.calculate_log_probs=true"], False),
+    ],
+)
+def test_on_policy_rule_for_skipping_the_old_log_prob_pass(overrides, on_policy):
+    assert update_is_on_policy(load_config(overrides)) is on_policy
 
 
 def test_interpolations_follow_the_actor():

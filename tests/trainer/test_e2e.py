@@ -179,6 +179,8 @@ def test_grpo_without_critic(tmp_path):
             tmp_path,
             "algorithm.adv_estimator=grpo",
             "actor_rollout_ref.rollout.n=2",
+            # one mini-batch per step: on-policy, the old log-probs come from the update's forward
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
             "trainer.total_training_steps=1",
             "trainer.test_freq=1",
             "data.val_batch_size=100",
@@ -194,6 +196,8 @@ def test_grpo_without_critic(tmp_path):
     assert "critic/vf_loss" not in last
     assert "actor/pg_loss" in last and math.isfinite(last["actor/pg_loss"])
     assert "critic/advantages/mean" in last
+    assert "timing_s/old_log_prob" not in last, "the compute_log_prob pass ran for an on-policy update"
+    assert last["actor/ppo_kl"] == 0.0 and 0.0 < last["actor/entropy"] < math.log(272)
     rows = load_rollouts(gens / "1.jsonl")
     assert len(rows) == 2 * 256  # the whole validation split, over 3 validation batches, 2 responses each
     assert {"prompt", "response", "score", "ground_truth", "data_source"} <= set(rows[0])
