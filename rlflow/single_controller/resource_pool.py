@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,6 +143,20 @@ class RayResourcePool:
         if self.use_gpu:
             res["num_gpus"] = 1.0 / self.max_colocate_count
         return res
+
+    def cpu_threads(self) -> int:
+        """Intra-op threads of each actor: all of its bundle's CPUs (at least 1).
+
+        The roles colocated on a bundle take turns (the driver calls them one after the other), so each
+        computes with every CPU of the bundle while the others wait. Ray alone would set
+        ``OMP_NUM_THREADS`` from the actor's fractional share (``1 / max_colocate_count`` of the bundle),
+        i.e. one thread per role however many cores the bundle holds. An ``OMP_NUM_THREADS`` set in the
+        driver's environment wins.
+        """
+        explicit = os.environ.get("OMP_NUM_THREADS")
+        if explicit and explicit.isdigit() and int(explicit) > 0:
+            return int(explicit)
+        return max(1, int(self.cpus_per_bundle))
 
     def get_placement_groups(self) -> list[PlacementGroup]:
         """Create (once) and return the placement groups, ready; raise a clear error otherwise."""

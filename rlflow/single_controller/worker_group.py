@@ -177,6 +177,7 @@ class RayWorkerGroup:
         for rank, (pg, bundle, local_rank) in enumerate(slots):
             env = {
                 **inherited,
+                "OMP_NUM_THREADS": str(self.resource_pool.cpu_threads()),
                 **env_vars,
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world),

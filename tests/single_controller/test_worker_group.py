@@ -72,6 +72,10 @@ class EchoWorker(Worker):
         return self.rank, ctx.get_placement_group_id(), self.get_node_and_pid()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def threads(self) -> int:
+        return torch.get_num_threads()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def die_on_rank(self, rank: int, block_s: float) -> int:
         if self.rank == rank:
             os._exit(1)
@@ -324,6 +328,24 @@ def test_colocated_groups_share_placement_group_in_separate_processes(pool2):
     finally:
         actor.shutdown()
         critic.shutdown()
+
+
+def test_colocated_roles_each_compute_with_every_cpu_of_the_bundle(monkeypatch):
+    """Colocated roles take turns, so each one's intra-op threads are the bundle's CPUs, not its
+    fractional Ray share (1 CPU of a 2-CPU bundle shared by two roles)."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    pool = RayResourcePool([1], cpus_per_bundle=2.0, name_prefix="threads", max_colocate_count=2)
+    groups = []
+    try:
+        groups = [RayWorkerGroup(pool, RayClassWithInitArgs(EchoWorker), name_prefix=n) for n in ("a", "b")]
+        assert pool.actor_resources() == {"num_cpus": 1.0}
+        assert [g.threads() for g in groups] == [[2], [2]]
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")  # an explicit setting in the driver's environment wins
+        assert pool.cpu_threads() == 1
+    finally:
+        for g in groups:
+            g.shutdown()
+        pool.remove()
 
 
 def test_over_asked_resources_error_is_fast_and_names_resource():
