@@ -47,10 +47,12 @@ from rlflow.parallel.ulysses import (
 )
 
 __all__ = [
+    "GENERATION_ATTENTION",
     "PACKED_ATTENTION",
     "PACKED_ATTENTION_ALIASES",
     "check_ulysses_heads",
     "cu_seqlens_from_position_ids",
+    "generation_attention_forward",
     "packed_attention_forward",
     "packed_sequence_lengths",
     "register_packed_attention",
@@ -58,6 +60,8 @@ __all__ = [
 ]
 
 PACKED_ATTENTION = "rlflow_packed"
+# transformers' SDPA attention for KV-cached decoding, without per-step copies of the cache (GQA)
+GENERATION_ATTENTION = "rlflow_generate"
 # the same function under the name an earlier draft used (rlflow.models.loader accepts it)
 PACKED_ATTENTION_ALIASES = ("ulysses_sdpa",)
 _HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None
@@ -271,6 +275,76 @@ def packed_attention_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
+def generation_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention for KV-cached decoding, without copying the cache per query head.
+
+    With grouped-query attention transformers' ``sdpa`` repeats every cached key/value head
+    ``heads / kv_heads`` times before each call whenever there is a mask (always, with left-padded
+    prompts), copying the whole cache on every decoding step of every layer. Here a decoding step (one
+    query token) folds the query heads that share a KV head into the query axis, ``(b, h, 1, d) ->
+    (b, kv_heads, h / kv_heads, d)``: they see the same keys and the same mask row, so one SDPA call over
+    the un-repeated cache gives the same outputs. A prefill with a mask uses SDPA's ``enable_gqa``.
+    Everything else (no GQA, no mask, position biases, paged caches, per-head masks) is transformers' own
+    ``sdpa`` attention.
+
+    Args:
+        module: the attention module.
+        query: (b, heads, q_len, d).
+        key / value: (b, kv_heads, kv_len, d).
+        attention_mask: transformers' 4-D SDPA mask (b, 1, q_len, kv_len) or None.
+        dropout / scaling / is_causal: as for ``sdpa``.
+
+    Returns:
+        (b, q_len, heads, d) attention output and None.
+    """
+    b, heads, q_len, d = query.shape
+    kv_heads = key.shape[1]
+    plain = (
+        heads == kv_heads
+        or heads % kv_heads
+        or attention_mask is None
+        or attention_mask.dim() != 4
+        or attention_mask.shape[1] != 1
+        or kwargs.get("position_bias") is not None
+        or kwargs.get("cache") is not None
+        or key.shape[-1] != value.shape[-1]
+    )
+    if plain:
+        return sdpa_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=is_causal,
+            **kwargs,
+        )
+    mask = attention_mask[:, :, :, : key.shape[2]]
+    if q_len == 1:
+        folded = query.reshape(b, kv_heads, heads // kv_heads, d)
+        out = F.scaled_dot_product_attention(
+            folded, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
+        )
+        out = out.reshape(b, heads, 1, d)
+    else:
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+        )
+    return out.transpose(1, 2).contiguous(), None
+
+
 def _packed_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     """Mask interface: no mask for packed full-sequence forwards, transformers' SDPA mask otherwise."""
     if kwargs.get("attention_mask") is None and kwargs.get("q_length") == kwargs.get("kv_length"):
@@ -279,7 +353,8 @@ def _packed_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
 
 
 def register_packed_attention() -> str:
-    """Register the packed attention and its mask function as ``"rlflow_packed"`` and aliases (idempotent).
+    """Register the packed attention and its mask function as ``"rlflow_packed"`` and aliases, and the
+    decoding attention as ``"rlflow_generate"`` with transformers' SDPA mask (idempotent).
 
     Returns:
         The registered name, :data:`PACKED_ATTENTION`.
@@ -287,6 +362,8 @@ def register_packed_attention() -> str:
     for name in (PACKED_ATTENTION, *PACKED_ATTENTION_ALIASES):
         AttentionInterface.register(name, packed_attention_forward)
         AttentionMaskInterface.register(name, _packed_mask)
+    AttentionInterface.register(GENERATION_ATTENTION, generation_attention_forward)
+    AttentionMaskInterface.register(GENERATION_ATTENTION, sdpa_mask)
     return PACKED_ATTENTION
 
 

@@ -37,6 +37,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.tensor import DTensor
 
+from rlflow.models.attention import GENERATION_ATTENTION
 from rlflow.parallel.distributed import get_rank
 from rlflow.protocol import DataProto
 from rlflow.rollout.base import (
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HFRollout", "build_generation_replica", "decode", "sync_replica_weights"]
 
-_ATTN_FOR_REPLICA = ("eager", "sdpa", "flash_attention_2", "flash_attention_3")
+_ATTN_FOR_REPLICA = ("eager", "flash_attention_2", "flash_attention_3")
 
 # ------------------------------------------------------------------------------------- decoding
 
@@ -210,7 +211,9 @@ def build_generation_replica(
             else torch.device("cpu")
         )
     attn = getattr(config, "_attn_implementation", None)
-    attn = attn if attn in _ATTN_FOR_REPLICA else "sdpa"  # e.g. a registered Ulysses kernel: not for decoding
+    # eager and flash-attn stay; SDPA and the packed training kernel (not for decoding) become SDPA
+    # without per-step copies of the KV cache
+    attn = attn if attn in _ATTN_FOR_REPLICA else GENERATION_ATTENTION
     # transformers writes the attention implementation into the config it is given: build from a copy, so
     # the training module keeps its own (a Ulysses actor must stay on "rlflow_packed").
     config = copy.deepcopy(config)

@@ -252,14 +252,15 @@ def test_rollout_trainer_agreement(model, tokens, use_remove_padding):
 
 
 def test_generation_replica_leaves_the_training_model_config_alone():
-    """The replica decodes with SDPA, but the training module keeps its own attention implementation:
-    a Ulysses actor (``rlflow_packed``) must still pass its SP check after the first rollout."""
-    from rlflow.models.attention import PACKED_ATTENTION, set_packed_attention
+    """The replica decodes with SDPA (``rlflow_generate``), but the training module keeps its own attention
+    implementation: a Ulysses actor (``rlflow_packed``) must still pass its SP check after the first
+    rollout."""
+    from rlflow.models.attention import GENERATION_ATTENTION, PACKED_ATTENTION, set_packed_attention
     from rlflow.rollout.hf import build_generation_replica
 
     model = set_packed_attention(tiny_model(seed=0))
     replica = build_generation_replica(model)
-    assert replica.config._attn_implementation == "sdpa"
+    assert replica.config._attn_implementation == GENERATION_ATTENTION
     assert model.config._attn_implementation == PACKED_ATTENTION
     assert replica.config is not model.config
 
