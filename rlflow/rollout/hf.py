@@ -48,6 +48,7 @@ from rlflow.rollout.base import (
     normalize_token_ids,
     resolve_sampling_params,
 )
+from rlflow.rollout.kv_cache import PreallocatedCache, supports_preallocated_cache
 from rlflow.rollout.sampling import row_keys, sample_next_token
 from rlflow.utils.dtypes import to_torch_dtype
 
@@ -93,7 +94,8 @@ def decode(
     eos_token_ids: Sequence[int],
     pad_token_id: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generate up to ``params.response_length`` tokens for one micro-batch with the KV cache.
+    """Generate up to ``params.response_length`` tokens for one micro-batch with the KV cache (allocated
+    once, `rlflow.rollout.kv_cache.PreallocatedCache`, for full-attention decoders).
 
     A row that produces an EOS leaves the batch (its KV-cache rows are dropped), so later steps cost
     only what the unfinished rows need; its remaining tokens are the pad id. Decoding stops when every
@@ -119,10 +121,17 @@ def decode(
     log_probs = torch.zeros((rows, length), dtype=torch.float32, device=device)
     eos = torch.tensor(list(eos_token_ids), dtype=torch.int64, device=device)
     active = torch.arange(rows, device=device)  # original row of each row still decoding
+    config = getattr(model, "config", None)
+    cache = (
+        PreallocatedCache(config.get_text_config(decoder=True).num_hidden_layers, input_ids.shape[1] + length)
+        if config is not None and supports_preallocated_cache(config)
+        else None
+    )
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
+        past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
     )
