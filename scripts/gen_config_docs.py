@@ -150,8 +150,11 @@ CLASS_NOTES: dict[str, dict[str, str]] = {
         "project_name": "project name for the loggers and the default log and checkpoint directories",
         "experiment_name": "run name for the loggers, the default directories and Ray placement groups",
         "nnodes": "nodes; the resource pool has nnodes x n_gpus_per_node bundles",
-        "cpus_per_worker": "CPUs of one bundle (shared by the roles colocated on it); also the thread count "
-        "of the CPU peak-FLOP/s estimate",
+        "cpus_per_worker": "CPUs of one bundle, shared by the roles colocated on it. The roles take turns, so "
+        "each computes with all of them: every worker's `OMP_NUM_THREADS` is `int(cpus_per_worker)` (at least "
+        "1; an `OMP_NUM_THREADS` in the driver's environment wins). Also the thread count of the CPU "
+        "peak-FLOP/s estimate. On a CPU machine with C cores, `n_gpus_per_node=1 cpus_per_worker=C` is usually "
+        "faster than C single-thread ranks (docs/benchmarks.md)",
         "total_epochs": "passes over the training prompts (the run stops earlier at total_training_steps)",
         "val_before_train": "validate once before the first step (not when resuming)",
         "default_local_dir": "checkpoint root: global_step_N/{actor,critic}/ and the driver state",
