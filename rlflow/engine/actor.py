@@ -17,6 +17,7 @@ import torch
 
 from rlflow.algos.kl import compute_kl_loss
 from rlflow.algos.losses import agg_loss, compute_rollout_is_weights, get_policy_loss_fn
+from rlflow.algos.policy_loss_call import PolicyLossCall
 from rlflow.engine.batching import MicroBatchSpec, UpdateSpec
 from rlflow.engine.ppo_loop import (
     FORWARD_KEYS,
@@ -112,6 +113,13 @@ class DataParallelPPOActor:
         )
         return out.get("entropy"), out["log_probs"]
 
+    def _policy_loss(self) -> PolicyLossCall:
+        """The configured ``policy_loss.loss_mode``, callable in either of verl's conventions (built once)."""
+        name = str(self.config.policy_loss.loss_mode)
+        if getattr(self, "_policy_loss_call", None) is None or self._policy_loss_call.name != name:
+            self._policy_loss_call = PolicyLossCall(get_policy_loss_fn(name), name)
+        return self._policy_loss_call
+
     def _optimizer_step(self) -> float:
         """`optimizer_step` with this role's ``grad_clip``; returns the gradient norm before clipping."""
         return optimizer_step(
@@ -196,7 +204,7 @@ class DataParallelPPOActor:
         cfg = self.config
         norm = loss_normalisers(mini.batch, self.dp_group)
         mode, entropy_coeff = cfg.loss_agg_mode, float(cfg.entropy_coeff)
-        policy_loss_fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
+        policy_loss = self._policy_loss()
         micro = split_micro_batches(mini.batch, self.update.micro, self.sync_group)
         on_policy = "old_log_probs" not in mini.batch.keys()
         for mb in micro.batches:
@@ -213,8 +221,8 @@ class DataParallelPPOActor:
                     old_log_probs, mb["rollout_log_probs"], mask, cfg.tis_imp_ratio_cap
                 )
                 acc.add("actor/tis_weight_mean", masked_mean(is_weights, mask), weight=float(mask.sum()))
-            pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = policy_loss_fn(
-                old_log_probs, log_probs, mb["advantages"], mask, mode, cfg, is_weights, **norm
+            pg_loss, pg_metrics = policy_loss(
+                old_log_probs, log_probs, mb["advantages"], mask, mode, cfg, is_weights, norm
             )
             loss = pg_loss
             if entropy_coeff != 0:
@@ -228,6 +236,5 @@ class DataParallelPPOActor:
             loss.backward()
             n_tok = float(mask.sum())
             acc.add_rank_share("actor/pg_loss", pg_loss)
-            acc.add("actor/pg_clipfrac", pg_clipfrac, weight=n_tok)
-            acc.add("actor/ppo_kl", ppo_kl, weight=n_tok)
-            acc.add("actor/pg_clipfrac_lower", pg_clipfrac_lower, weight=n_tok)
+            for key, value in pg_metrics.items():
+                acc.add(key, value, weight=n_tok)
