@@ -110,7 +110,8 @@ CLASS_NOTES: dict[str, dict[str, str]] = {
     },
     "PolicyLossConfig": {
         "loss_mode": "a policy loss registered with core_algos.register_policy_loss: vanilla (clipped PPO, "
-        "with dual clip) or gspo",
+        "with dual clip), gspo, gpg (-A log pi, no ratio; with adv_estimator=gpg) or geo_mean (GMPO: "
+        "geometric mean of the token ratios, clipped in log space)",
     },
     "OptimConfig": _OPTIM_NOTES,
     "FSDPConfig": _FSDP_NOTES,

@@ -30,6 +30,7 @@ __all__ = [
     "compute_advantage",
     "compute_gae_advantage_return",
     "compute_gae_raw_advantage_return",
+    "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
@@ -56,6 +57,7 @@ class AdvantageEstimator(str, Enum):
     REINFORCE_PLUS_PLUS_BASELINE = "reinforce_plus_plus_baseline"
     REMAX = "remax"
     RLOO = "rloo"
+    GPG = "gpg"
 
 
 ADV_ESTIMATOR_REGISTRY: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
@@ -354,6 +356,50 @@ def compute_rloo_outcome_advantage(
         mean, _, size = _group_mean_std_size(scores, index, fn_name)
         scores = torch.where(size > 1, (scores - mean) * size / (size - 1).clamp_min(1), scores)
         advantages = scores.unsqueeze(-1) * response_mask.to(scores.dtype)
+    return advantages, advantages
+
+
+@register_adv_est(AdvantageEstimator.GPG)
+def compute_gpg_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    f_norm: float = 1.0,
+    alpha: float | None = None,
+    config: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group Policy Gradient advantage, Chu et al. 2025 ("GPG: a simple and strong reinforcement
+    learning baseline for model reasoning"), as verl computes it.
+
+    ``A_i = alpha * (r_i - mean_g) / f_norm`` with ``alpha = B / #{i : r_i != 0}`` over the whole batch of
+    ``B`` responses (it scales the gradient up when few responses carry a reward); ``mean_g`` is the group
+    mean (0 for a group of one). No division by the group std. ``A_i`` is broadcast over the valid tokens.
+    Use it with ``policy_loss.loss_mode=gpg`` (no ratio, no clipping).
+
+    Args:
+        token_level_rewards: ``(bs, response_len)``; the score is the sum over valid tokens.
+        response_mask: ``(bs, response_len)``.
+        index: ``(bs,)`` numpy object array of group ids.
+        epsilon: unused (verl signature).
+        f_norm: divides the advantages (verl's default 1).
+        alpha: unused: verl's signature has it, its value is always the batch ratio above.
+        config: unused.
+        **kwargs: other advantage inputs, ignored.
+
+    Returns:
+        ``(advantages, returns)``: the same ``(bs, response_len)`` tensor twice, 0 on masked tokens.
+    """
+    fn_name = "compute_gpg_outcome_advantage"
+    check_shapes(fn_name, response_mask, token_level_rewards=token_level_rewards)
+    if not f_norm > 0:
+        raise ValueError(f"{fn_name}: f_norm must be > 0, got {f_norm}")
+    with torch.no_grad():
+        scores = _scores(token_level_rewards, response_mask)
+        mean, _, _ = _group_mean_std_size(scores, index, fn_name)
+        ratio = scores.shape[0] / max(1, int(torch.count_nonzero(scores)))
+        advantages = (ratio * (scores - mean) / f_norm).unsqueeze(-1) * response_mask.to(scores.dtype)
     return advantages, advantages
 
 

@@ -498,3 +498,7 @@ def compute_entropy_loss(
         dp_size,
         loss_scale_factor,
     )
+
+
+# GPG and GMPO live in their own module; importing it registers them next to the losses above.
+from rlflow.algos import pg_variants as _pg_variants  # noqa: E402, F401

@@ -29,6 +29,7 @@ from rlflow.algos.advantages import (
     AdvantageEstimator,
     EstimatorInfo,
     compute_gae_advantage_return,
+    compute_gpg_outcome_advantage,
     compute_grpo_outcome_advantage,
     compute_reinforce_plus_plus_baseline_outcome_advantage,
     compute_reinforce_plus_plus_outcome_advantage,
@@ -60,6 +61,7 @@ from rlflow.algos.losses import (
     get_policy_loss_fn,
     register_policy_loss,
 )
+from rlflow.algos.pg_variants import compute_policy_loss_geo_mean, compute_policy_loss_gpg
 
 __all__ = [
     "ADV_ESTIMATOR_INFO",
@@ -75,9 +77,12 @@ __all__ = [
     "apply_kl_penalty",
     "compute_entropy_loss",
     "compute_gae_advantage_return",
+    "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
     "compute_kl_loss",
     "compute_policy_loss",
+    "compute_policy_loss_geo_mean",
+    "compute_policy_loss_gpg",
     "compute_policy_loss_gspo",
     "compute_policy_loss_vanilla",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
