@@ -4,11 +4,13 @@ A verl command line ports unchanged: before Hydra composes the config, every ove
 with an alias is rewritten to rlflow's key (and a line is logged once per alias), so the schema keeps one
 owner per knob. The same rewrite applies to the keys of a critic config file (``critic.config_path``).
 
-==================================  ==================================
-verl                                rlflow
-==================================  ==================================
-``critic.model.fsdp_config.*``      ``critic.fsdp_config.*``
-==================================  ==================================
+==========================================  ==============================================
+verl                                        rlflow
+==========================================  ==============================================
+``critic.model.fsdp_config.*``              ``critic.fsdp_config.*``
+``actor_rollout_ref.actor.use_gpg_loss``    ``true``: ``actor.policy_loss.loss_mode=gpg``;
+                                            ``false``: dropped (the loss mode stays)
+==========================================  ==============================================
 """
 
 from __future__ import annotations
@@ -19,12 +21,19 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KEY_ALIASES", "canonical_key", "rewrite_critic_file_keys", "rewrite_overrides"]
+__all__ = ["FLAG_ALIASES", "KEY_ALIASES", "canonical_key", "rewrite_critic_file_keys", "rewrite_overrides"]
 
 KEY_ALIASES: dict[str, str] = {
     "critic.model.fsdp_config": "critic.fsdp_config",
 }
 """verl key (or key prefix) -> rlflow key."""
+
+FLAG_ALIASES: dict[str, str] = {
+    "actor_rollout_ref.actor.use_gpg_loss": "actor_rollout_ref.actor.policy_loss.loss_mode=gpg",
+}
+"""verl boolean key -> the rlflow override it stands for when true (dropped when false)."""
+
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
 _PREFIXES = ("++", "+", "~")
 
@@ -62,11 +71,32 @@ def rewrite_overrides(overrides: Iterable[str]) -> list[str]:
             out.append(item)
             continue
         prefix, key, rest = _split(item)
+        if key in FLAG_ALIASES:
+            out.extend(_flag(key, rest.removeprefix("="), out, overrides))
+            continue
         new = canonical_key(key)
         if new != key:
             _note(key, new)
         out.append(prefix + new + rest)
     return out
+
+
+def _flag(key: str, value: str, done: list[str], overrides: Iterable[str]) -> list[str]:
+    """The override a verl boolean alias stands for (``[]`` when false); refuses a contradiction."""
+    text = value.strip().strip("'\"").lower()
+    if text in _FALSE:
+        _note(f"{key}={value}", "no override")
+        return []
+    if text not in _TRUE:
+        raise ValueError(f"{key}={value}: expected true or false")
+    target = FLAG_ALIASES[key]
+    target_key = target.partition("=")[0]
+    for other in [*done, *overrides]:
+        _, other_key, other_value = _split(other)
+        if other_key == target_key and other_value.removeprefix("=") != target.partition("=")[2]:
+            raise ValueError(f"{key}={value} means {target}, but the command line also sets {other}")
+    _note(f"{key}={value}", target)
+    return [target]
 
 
 def rewrite_critic_file_keys(content: Mapping[str, Any]) -> dict[str, Any]:

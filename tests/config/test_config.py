@@ -561,6 +561,20 @@ def test_remax_is_refused_until_the_trainer_generates_baselines():
         validate_config(cfg, num_attention_heads=4, num_key_value_heads=2)
 
 
+def test_verl_use_gpg_loss_flag_stands_for_the_gpg_loss_mode():
+    assert load_config([f"{ACTOR}.use_gpg_loss=True"]).actor_rollout_ref.actor.policy_loss.loss_mode == "gpg"
+    assert (
+        load_config([f"{ACTOR}.use_gpg_loss=false"]).actor_rollout_ref.actor.policy_loss.loss_mode
+        == "vanilla"
+    )
+    with pytest.raises(
+        ValueError, match=r"use_gpg_loss=True means .*loss_mode=gpg.*also sets .*loss_mode=gspo"
+    ):
+        load_config([f"{ACTOR}.use_gpg_loss=True", f"{ACTOR}.policy_loss.loss_mode=gspo"])
+    with pytest.raises(ValueError, match="expected true or false"):
+        load_config([f"{ACTOR}.use_gpg_loss=maybe"])
+
+
 def test_verl_key_aliases_are_rewritten(tmp_path):
     from rlflow.config.aliases import rewrite_critic_file_keys, rewrite_overrides
 
