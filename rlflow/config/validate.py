@@ -205,11 +205,6 @@ def _check_data(cfg: DictConfig) -> None:
 
 def _check_algorithm(cfg: DictConfig) -> None:
     choice(cfg, "algorithm.adv_estimator", tuple(ADV_ESTIMATOR_REGISTRY))
-    if value_at(cfg, "algorithm.adv_estimator") == "remax":
-        raise ValueError(
-            "algorithm.adv_estimator=remax needs a greedy baseline rollout per prompt (reward_baselines), which "
-            "the trainer does not generate yet; compute_remax_outcome_advantage is available as a function"
-        )
     in_range(cfg, "algorithm.gamma", 0.0, 1.0)
     in_range(cfg, "algorithm.lam", 0.0, 1.0)
     flag(cfg, "algorithm.use_kl_in_reward")

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlflow.algos.advantages import advantage_metrics, compute_advantage
+from rlflow.algos.advantages import advantage_metrics, compute_advantage, get_estimator_info
 from rlflow.config import to_typed, update_is_on_policy
 from rlflow.config.schema import PPOTrainerConfig
 from rlflow.engine.seqlen_balancing import balance_batch_across_dp
@@ -97,6 +97,11 @@ class RayPPOTrainer:
             get_kl_controller(config.algorithm.kl_ctrl) if config.algorithm.use_kl_in_reward else None
         )
         self.groups: WorkerGroups | None = None
+        # ReMax: one greedy response per prompt, its reward the baseline of the prompt's samples.
+        self.needs_baselines = (
+            custom_advantage_fn is None
+            and get_estimator_info(str(config.algorithm.adv_estimator)).needs_baselines
+        )
         # One epoch over one mini-batch: the update's own forward gives the old policy's log-probs.
         self.recompute_old_log_prob = not update_is_on_policy(config)
         if not self.recompute_old_log_prob:
@@ -179,9 +184,16 @@ class RayPPOTrainer:
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {"training/global_step": self.global_steps, "training/epoch": epoch}
         with _timer("step", timing):
+            if self.needs_baselines:
+                with _timer("gen_baseline", timing):
+                    baselines, baseline_metrics = self._reward_baselines(batch)
+                metrics.update(baseline_metrics)
             with _timer("gen", timing):
                 batch, gen_metrics = self._generate(batch)
             metrics.update(gen_metrics)
+            if self.needs_baselines:
+                n = int(self.config.actor_rollout_ref.rollout.n)
+                batch.batch["reward_baselines"] = baselines.repeat_interleave(n)
             self._balance(batch)
             with _timer("reward", timing):
                 metrics.update(self._reward(batch))
@@ -252,6 +264,30 @@ class RayPPOTrainer:
         batch = batch.repeat(n, interleave=True).union(out)
         batch.meta_info = {"global_steps": self.global_steps, "global_batch_size": len(batch)}
         return batch, metrics
+
+    def _reward_baselines(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+        """ReMax's baselines (Li et al. 2023, arXiv:2310.10505): the reward of one greedy response per
+        prompt, from the same weights that sample the step's responses, scored like them.
+
+        Args:
+            batch: the step's prompts (before `_generate`; left unchanged).
+
+        Returns:
+            ``(baselines, metrics)``: ``(prompts,)`` summed token-level scores, and
+            ``reward/baseline/mean``.
+        """
+        prompts = DataProto(
+            batch=batch.batch.select("input_ids", "attention_mask", "position_ids"),
+            non_tensor_batch=dict(batch.non_tensor_batch),
+            meta_info={**self._generation_meta(validate=False), "do_sample": False, "n": 1},
+        )
+        out = self.groups.actor.generate_sequences(prompts)
+        out.meta_info = {}
+        greedy = DataProto(batch=None, non_tensor_batch=dict(batch.non_tensor_batch), meta_info={}).union(out)
+        greedy.meta_info = {"global_steps": self.global_steps, "global_batch_size": len(greedy)}
+        self._reward(greedy)
+        baselines = greedy.batch["token_level_scores"].sum(-1)
+        return baselines, {"reward/baseline/mean": float(baselines.mean())}
 
     def _eos_token_ids(self) -> list[int]:
         """The tokenizer's EOS and every EOS of the model's generation config (e.g. an end-of-turn token)."""

@@ -555,10 +555,9 @@ def test_validate_accepts_a_dataclass_and_raises_no_assert():
         validate_config(bad)
 
 
-def test_remax_is_refused_until_the_trainer_generates_baselines():
-    cfg = load_config(["algorithm.adv_estimator=remax"])
-    with pytest.raises(ValueError, match=r"^algorithm\.adv_estimator=remax needs a greedy baseline"):
-        validate_config(cfg, num_attention_heads=4, num_key_value_heads=2)
+def test_remax_validates_now_that_the_trainer_generates_baselines():
+    cfg = load_config(["algorithm.adv_estimator=remax", f"{ROLLOUT}.n=2"])
+    validate_config(cfg, num_attention_heads=4, num_key_value_heads=2)
 
 
 def test_verl_use_gpg_loss_flag_stands_for_the_gpg_loss_mode():

@@ -242,6 +242,33 @@ def _golden_tolerance(key: str, metrics: dict) -> dict:
     return {"rel": 1e-4, "abs": 1e-6}
 
 
+def test_remax_baseline_is_the_greedy_reward_of_the_same_weights(tmp_path):
+    """ReMax: the trainer generates one greedy response per prompt before sampling; its reward is the
+    baseline. The 8 training prompts are also the validation set, so the step-1 baseline (weights not yet
+    updated) must equal the greedy validation score before training, prompt for prompt on average."""
+    train = _small_train_file(tmp_path, 8)
+    cfg = load_config(
+        _overrides(
+            tmp_path,
+            "algorithm.adv_estimator=remax",
+            "actor_rollout_ref.rollout.n=2",
+            "trainer.total_training_steps=1",
+            "trainer.val_before_train=true",
+            f"data.train_files={train}",
+            f"data.val_files={train}",
+            "data.val_batch_size=8",
+        )
+    )
+    history = run_ppo(cfg)["history"]
+    before = next(h for h in history if h["step"] == 0)["val-core/rlflow/repeat/reward/mean@1"]
+    step = next(h for h in history if h["step"] == 1)
+    assert step["reward/baseline/mean"] == pytest.approx(before, abs=1e-6)
+    assert "timing_s/gen_baseline" in step
+    # the estimator itself (reward-to-go minus the baseline) is checked by hand in
+    # tests/algos/test_core_algos.py::test_remax_reward_to_go_minus_greedy_baseline
+    assert math.isfinite(step["critic/advantages/mean"]) and "critic/vf_loss" not in step
+
+
 def test_reward_model_group_scores_the_responses(tmp_path):
     """``reward_model.enable``: a sequence-classification model in its own colocated group replaces the
     rule score; its score sits at the last valid response token."""
