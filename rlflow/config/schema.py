@@ -390,10 +390,16 @@ class CriticConfig:
 
 @dataclass
 class RewardModelPathConfig:
-    """``reward_model.model``."""
+    """``reward_model.model``.
+
+    Attributes:
+        use_remove_padding: score packed rows (the valid tokens only), as the actor and critic forwards
+            do; follows ``actor_rollout_ref.model.use_remove_padding`` in the YAML.
+    """
 
     path: str | None = None
     trust_remote_code: bool = False
+    use_remove_padding: bool = True
 
 
 @dataclass

@@ -47,8 +47,15 @@ def compute_rm_score(
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
     response_length: int,
+    use_remove_padding: bool = False,
 ) -> torch.Tensor:
     """Run a sequence-classification reward model and return token-level scores (``rm_scores``).
+
+    With ``use_remove_padding`` the valid tokens of the micro-batch are packed into one row
+    (`rlflow.models.padding.unpad_micro_batch`), as the actor's and the critic's forwards do, and the
+    model must use ``attn_implementation="rlflow_packed"`` (`rlflow.models.attention.set_packed_attention`);
+    the head then reads the hidden state at each sequence's last packed token. Without it the padded
+    batch runs with its attention mask.
 
     Args:
         model: e.g. ``Qwen2ForSequenceClassification`` with one label (a ``score`` linear head).
@@ -56,6 +63,7 @@ def compute_rm_score(
         attention_mask: same shape, 1 on real tokens.
         position_ids: same shape.
         response_length: ``response_len``.
+        use_remove_padding: pack the valid tokens into one row.
 
     Returns:
         (bs, response_len) float32: the sequence score on the last valid response token, 0 elsewhere.
@@ -64,10 +72,19 @@ def compute_rm_score(
     head = getattr(model, "score", None)
     if head is None:
         raise ValueError(f"reward model {type(model).__name__} has no 'score' head")
-    hidden = backbone(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-    ).last_hidden_state
-    rows = torch.arange(input_ids.shape[0], device=input_ids.device)
-    last_hidden = hidden[rows, last_valid_index(attention_mask)]
+    if use_remove_padding:
+        from rlflow.models.padding import unpad_micro_batch
+
+        packed = unpad_micro_batch(input_ids, attention_mask, position_ids)
+        hidden = backbone(
+            input_ids=packed.input_ids, attention_mask=None, position_ids=packed.position_ids, use_cache=False
+        ).last_hidden_state[0]
+        last_hidden = hidden[(packed.cu_seqlens[1:].long() - 1).to(hidden.device)]
+    else:
+        hidden = backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        last_hidden = hidden[rows, last_valid_index(attention_mask)]
     scores = head(last_hidden).squeeze(-1)
     return place_on_last_token(scores, attention_mask[:, -response_length:])

@@ -8,6 +8,7 @@ from rlflow.config.reads import track_reads, tracking_enabled
 from rlflow.config.schema import PPOTrainerConfig
 from rlflow.engine.batching import MicroBatchSpec
 from rlflow.engine.ppo_loop import split_micro_batches
+from rlflow.models.attention import set_packed_attention
 from rlflow.models.loader import load_reward_model
 from rlflow.parallel.distributed import current_device, init_distributed
 from rlflow.parallel.fsdp import mixed_precision_dtypes
@@ -44,6 +45,9 @@ class RewardModelWorker(Worker):
         # The actor's compute dtype (bf16 on the usual GPU recipe), on this rank's device.
         dtype = mixed_precision_dtypes(self.config.actor_rollout_ref.actor.fsdp_config.mixed_precision)[0]
         self.module = load_reward_model(model_path(model), trust_remote_code=bool(model.trust_remote_code))
+        self.use_remove_padding = bool(model.use_remove_padding)
+        if self.use_remove_padding:
+            set_packed_attention(self.module)
         self.module.to(device=self.device, dtype=dtype).eval()
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -59,6 +63,7 @@ class RewardModelWorker(Worker):
                         mb["attention_mask"],
                         mb["position_ids"],
                         mb["responses"].shape[-1],
+                        use_remove_padding=self.use_remove_padding,
                     )
                 )
         return DataProto.from_dict(tensors={"rm_scores": torch.cat(parts)})

@@ -32,3 +32,25 @@ def test_compute_rm_score_matches_transformers_pooling(tmp_path):
     torch.testing.assert_close(got[0, 2], ref[0], rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(got[1, 1], ref[1], rtol=1e-6, atol=1e-7)
     assert got[0, [0, 1, 3]].abs().sum() == 0 and got[1, [0, 2, 3]].abs().sum() == 0
+
+
+def test_packed_scoring_equals_the_padded_forward(tmp_path):
+    """Remove-padding (the valid tokens of the micro-batch in one row, ``rlflow_packed`` attention) gives
+    the padded forward's scores: the head reads each sequence's last packed token."""
+    from rlflow.models.attention import set_packed_attention
+
+    config = tiny.TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+    path = tiny.save_tiny_model(tmp_path, config, seed=0)
+    padded_rm = loader.load_reward_model(path, allow_random_head=True, seed=0, attn_implementation="sdpa")
+    packed_rm = set_packed_attention(loader.load_reward_model(path, allow_random_head=True, seed=0))
+    g = torch.Generator().manual_seed(0)
+    prompt_lens, response_lens = [3, 6, 1], [4, 1, 6]
+    ids = torch.zeros(3, 12, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompt_lens, response_lens)):
+        ids[i, 6 - p : 6 + r] = torch.randint(3, 250, (p + r,), generator=g)
+    mask = (ids != 0).long()
+    pos = torch.clamp(mask.cumsum(-1) - 1, min=0)
+    padded = compute_rm_score(padded_rm, ids, mask, pos, response_length=6)
+    packed = compute_rm_score(packed_rm, ids, mask, pos, response_length=6, use_remove_padding=True)
+    assert (packed != 0).sum() == 3
+    torch.testing.assert_close(packed, padded, rtol=1e-5, atol=1e-6)

@@ -96,6 +96,9 @@ def _worker(rank: int) -> dict:
     rm = RewardModelWorker(config, 2)
     rm_config = AutoConfig.from_pretrained(path, num_labels=1)
     rm.device, rm.module = device, AutoModelForSequenceClassification.from_config(rm_config).to(device).eval()
+    rm.use_remove_padding = (
+        False  # as the other roles here: the padded forward (packed: test_reward_model.py)
+    )
 
     out: dict = {"outputs_on_cpu": {}}
     g = torch.Generator().manual_seed(0)
