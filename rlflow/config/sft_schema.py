@@ -18,7 +18,6 @@ from rlflow.config.schema import MixedPrecisionSection
 
 __all__ = [
     "SFT_SCHEMA_NAME",
-    "SFT_TRUNCATION_MODES",
     "SFTConfig",
     "SFTDataConfig",
     "SFTFSDPConfig",
@@ -29,8 +28,6 @@ __all__ = [
 ]
 
 SFT_SCHEMA_NAME = "rlflow_sft_schema"
-#: ``data.truncation`` values the SFT dataset implements.
-SFT_TRUNCATION_MODES = ("error", "left", "right")
 
 
 @dataclass

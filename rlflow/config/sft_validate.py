@@ -12,7 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rlflow.config.checks import at_least, choice, every_or_never, flag, in_range, positive, value_at
-from rlflow.config.sft_schema import SFT_TRUNCATION_MODES
+from rlflow.data.sft_dataset import SFT_TRUNCATION_MODES
 from rlflow.data.tasks import TASKS
 from rlflow.utils.dtypes import DTYPES
 

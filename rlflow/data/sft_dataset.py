@@ -28,16 +28,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import Dataset
 
-from rlflow.config.sft_schema import SFT_TRUNCATION_MODES
 from rlflow.data.io import read_rows
 from rlflow.data.rl_dataset import _check_messages, _where
 
 if TYPE_CHECKING:
     from rlflow.config.sft_schema import SFTDataConfig
 
-__all__ = ["SFTDataset", "collate_sft", "lookup"]
+__all__ = ["SFT_TRUNCATION_MODES", "SFTDataset", "collate_sft", "lookup"]
 
 logger = logging.getLogger(__name__)
+
+SFT_TRUNCATION_MODES = ("error", "left", "right")
 
 
 def lookup(row: Mapping[str, Any], key: str, dict_keys: Sequence[str] | None, where: str) -> Any:
