@@ -293,7 +293,8 @@ def generation_attention_forward(
     prompts), copying the whole cache on every decoding step of every layer. Here a decoding step (one
     query token) folds the query heads that share a KV head into the query axis, ``(b, h, 1, d) ->
     (b, kv_heads, h / kv_heads, d)``: they see the same keys and the same mask row, so one SDPA call over
-    the un-repeated cache gives the same outputs. A prefill with a mask uses SDPA's ``enable_gqa``.
+    the un-repeated cache gives the same outputs. A prefill with a mask uses SDPA's ``enable_gqa`` on the
+    CPU (on CUDA that combination runs the math kernel, so transformers' repeat is kept there).
     Everything else (no GQA, no mask, position biases, paged caches, per-head masks) is transformers' own
     ``sdpa`` attention.
 
@@ -311,6 +312,9 @@ def generation_attention_forward(
     kv_heads = key.shape[1]
     plain = (
         heads == kv_heads
+        or (
+            q_len > 1 and query.device.type != "cpu"
+        )  # CUDA SDPA with enable_gqa and a mask is the math kernel
         or heads % kv_heads
         or attention_mask is None
         or attention_mask.dim() != 4
