@@ -30,7 +30,7 @@ from rlflow.trainer.ppo.core_algos import (
     register_adv_est,
     register_policy_loss,
 )
-from tests.algos.numbers import EXACT, _close, _t
+from tests.algos.hand_values import EXACT, _close, _t
 
 
 def _whiten_valid(raw, mask):

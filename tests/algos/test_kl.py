@@ -19,7 +19,7 @@ from rlflow.trainer.ppo.core_algos import (
     get_kl_controller,
     kl_penalty,
 )
-from tests.algos.numbers import _close, _t
+from tests.algos.hand_values import _close, _t
 
 # -------------------------------------------------------------------------------------------------- KL
 

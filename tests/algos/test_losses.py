@@ -22,7 +22,7 @@ from rlflow.trainer.ppo.core_algos import (
     compute_rollout_is_weights,
     compute_value_loss,
 )
-from tests.algos.numbers import EXACT, TOL, _close, _t
+from tests.algos.hand_values import EXACT, TOL, _close, _t
 
 # -------------------------------------------------------------------------------------------- agg_loss
 

@@ -12,7 +12,7 @@ import torch
 from rlflow.algos.advantages import compute_gpg_outcome_advantage
 from rlflow.algos.losses import get_policy_loss_fn
 from rlflow.algos.pg_variants import compute_policy_loss_geo_mean, compute_policy_loss_gpg
-from tests.algos.numbers import _close, _t
+from tests.algos.hand_values import _close, _t
 
 CFG = SimpleNamespace(clip_ratio=0.2, clip_ratio_low=None, clip_ratio_high=None, clip_ratio_c=3.0)
 
