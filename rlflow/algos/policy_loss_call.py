@@ -6,7 +6,7 @@ and averaging over ranks gives the loss of the whole mini-batch, and return verl
 ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)``. A loss written for verl >= 0.9 returns
 ``(pg_loss, metrics)`` with ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower`` (and
 any others), and one written for verl (either version) knows nothing of the global counts: it returns the
-*local* aggregate of its micro-batch. `call_policy_loss` accepts both return shapes and rescales a local
+*local* aggregate of its micro-batch. `PolicyLossCall` accepts both return shapes and rescales a local
 aggregate to its share of the mini-batch's, so such a loss keeps batch invariance (DESIGN invariant 1).
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["PolicyLossCall", "call_policy_loss"]
+__all__ = ["PolicyLossCall"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,10 +129,3 @@ def _local_share(response_mask: torch.Tensor, loss_agg_mode: str, counts: Mappin
         local, total = (mask.sum(-1) > 0).sum().to(torch.float64), counts["global_seq_num"]
     total = torch.as_tensor(total, dtype=torch.float64, device=mask.device).clamp(min=1)
     return (local * float(counts["dp_size"]) / total).to(torch.float32)
-
-
-def call_policy_loss(
-    fn: Callable[..., Any], name: str, *args: Any, **kwargs: Any
-) -> tuple[torch.Tensor, dict]:
-    """`PolicyLossCall` ``(fn, name)`` called once with ``args`` (see its ``__call__``)."""
-    return PolicyLossCall(fn, name)(*args, **kwargs)
