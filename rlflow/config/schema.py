@@ -71,6 +71,9 @@ class DataConfig:
         max_prompt_length: padded prompt length (tokens, after the chat template).
         max_response_length: generated tokens per response (the rollout's ``response_length``).
         train_batch_size: prompts per step (each gets actor_rollout_ref.rollout.n responses).
+        gen_batch_size: prompts per generation round (the loader's batch). Equal to ``train_batch_size``
+            unless ``algorithm.filter_groups`` is on: then rounds are generated until ``train_batch_size``
+            prompts with informative groups are kept.
         val_batch_size: prompts per validation batch; None evaluates the whole validation set at once.
         return_raw_chat: also hand the chat messages to the workers (``raw_prompt``).
         return_full_prompt: also hand the templated prompt text (``full_prompts``).
@@ -91,6 +94,7 @@ class DataConfig:
     max_prompt_length: int = 32
     max_response_length: int = 8
     train_batch_size: int = 16
+    gen_batch_size: int = 16
     val_batch_size: int | None = None
     return_raw_chat: bool = False
     return_full_prompt: bool = False
@@ -407,6 +411,10 @@ class RewardModelConfig:
     """``reward_model``: an optional model-based reward and the reward manager settings.
 
     Attributes:
+        reward_manager: naive (score function per sample) | dapo (plus DAPO's overlong penalty).
+        reward_kwargs: keyword arguments of the reward manager (verl's spelling): dapo takes
+            ``overlong_buffer_cfg.{enable,len,penalty_factor,log}`` and ``max_resp_len``
+            (`rlflow.reward.dapo`); naive takes none.
         num_workers: > 0 scores in a process pool of that size.
         timeout_s: per-sample timeout with the pool (None = none); a timed-out sample gets ``timeout_score``.
     """
@@ -415,6 +423,7 @@ class RewardModelConfig:
     model: RewardModelPathConfig = field(default_factory=RewardModelPathConfig)
     micro_batch_size_per_gpu: int = 16
     reward_manager: str = "naive"
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
     launch_reward_fn_async: bool = False
     num_workers: int = 0
     timeout_s: float | None = None
@@ -448,6 +457,26 @@ class KLCtrlConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """``algorithm.filter_groups``: DAPO's dynamic sampling (Yu et al. 2025, arXiv:2503.14476).
+
+    Attributes:
+        enable: drop the prompts whose ``rollout.n`` responses all have the same ``metric`` (a group of
+            one is kept) and generate more rounds of ``data.gen_batch_size`` prompts until
+            ``data.train_batch_size`` prompts are kept; the step trains on the first of them.
+        metric: a reward extra-info key of the score function (``acc``, ``score``, ...), ``seq_reward``
+            (the summed token-level scores) or ``seq_final_reward`` (the summed rewards after the KL
+            penalty; without ``use_kl_in_reward`` the same).
+        max_num_gen_batches: rounds per step before the step fails saying the data are too hard or too
+            easy; <= 0 = no limit.
+    """
+
+    enable: bool = False
+    metric: str | None = None
+    max_num_gen_batches: int = 0
+
+
+@dataclass
 class AlgorithmConfig:
     """``algorithm``: advantage estimation and the in-reward KL penalty.
 
@@ -464,6 +493,7 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     custom_advantage_function: CustomFunctionConfig = field(default_factory=CustomFunctionConfig)
 
 

@@ -46,8 +46,10 @@ from rlflow.config.checks import (
     positive,
     value_at,
 )
+from rlflow.config.reward_checks import check_filter_groups, check_reward_model
 from rlflow.config.rollout_checks import ROLLOUT_NAMES, check_rollout
 from rlflow.config.schema import PPOTrainerConfig
+from rlflow.config.suggest import schema_keys
 from rlflow.data.tasks import TASKS
 from rlflow.models.loader import ATTN_IMPLEMENTATIONS
 from rlflow.reward.custom import load_custom_reward_fn
@@ -147,8 +149,9 @@ def _world_size(cfg: DictConfig) -> int:
 # --------------------------------------------------------------------------- groups
 
 
-FREE_FORM_KEYS = {"custom_reward_function.reward_kwargs"}
-"""Mappings whose keys are the user's own (set them with ``+custom_reward_function.reward_kwargs.k=v``)."""
+FREE_FORM_KEYS = schema_keys(PPOTrainerConfig)[1]
+"""Mappings whose keys are the user's own (``dict`` fields of the schema, e.g.
+``+custom_reward_function.reward_kwargs.k=v``)."""
 
 
 @functools.cache
@@ -320,25 +323,6 @@ def _check_critic(cfg: DictConfig) -> None:
     at_least(cfg, "critic.ppo_epochs", 1)
     _check_optim(cfg, "critic.optim")
     _check_fsdp(cfg, "critic.fsdp_config")
-
-
-def _check_reward_model(cfg: DictConfig) -> None:
-    manager = value_at(cfg, "reward_model.reward_manager")
-    if manager != "naive":
-        raise ValueError(f"reward_model.reward_manager={manager!r}: only 'naive' is implemented")
-    if flag(cfg, "reward_model.launch_reward_fn_async"):
-        raise ValueError(
-            "reward_model.launch_reward_fn_async=true is not supported; use reward_model.num_workers for a "
-            "process pool instead"
-        )
-    at_least(cfg, "reward_model.num_workers", 0)
-    positive(cfg, "reward_model.timeout_s", allow_none=True)
-    number(cfg, "reward_model.timeout_score")
-    if not flag(cfg, "reward_model.enable"):
-        return
-    if value_at(cfg, "reward_model.model.path") is None:
-        raise ValueError("reward_model.model.path must be set when reward_model.enable=true")
-    at_least(cfg, "reward_model.micro_batch_size_per_gpu", 1)
 
 
 # --------------------------------------------------------------------------- layout and batch sizes
@@ -587,7 +571,8 @@ def validate_config(
     _check_actor(cfg)
     check_rollout(cfg)
     _check_critic(cfg)
-    _check_reward_model(cfg)
+    check_reward_model(cfg)
+    check_filter_groups(cfg)
     _check_layout(cfg, num_attention_heads, num_key_value_heads)
     _check_files(cfg)
     _check_custom_reward(cfg)

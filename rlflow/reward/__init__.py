@@ -1,4 +1,5 @@
-"""Rewards: rule scorers (GSM8K, synthetic tasks), the naive reward manager, custom and model rewards.
+"""Rewards: rule scorers (GSM8K, synthetic tasks), the naive and DAPO reward managers, custom and model
+rewards.
 
 Names are imported lazily, so a scoring process that only needs a score function does not import torch.
 """
@@ -12,6 +13,8 @@ _EXPORTS = {
     "CustomRewardFunction": "custom",
     "get_custom_reward_fn": "custom",
     "load_custom_reward_fn": "custom",
+    "DAPORewardManager": "dapo",
+    "OverlongBuffer": "dapo",
     "default_compute_score": "default",
     "NaiveRewardManager": "naive",
     "check_score": "naive",

@@ -394,8 +394,9 @@ class HFRollout(BaseRollout):
         Args:
             prompts: ``input_ids`` / ``attention_mask`` / ``position_ids`` of shape ``(bs, prompt_len)``,
                 left-padded; ``meta_info`` may set ``eos_token_id``, ``pad_token_id``, ``validate``,
-                ``global_steps`` and per-call ``temperature``, ``top_p``, ``top_k``, ``do_sample``, ``n``,
-                ``response_length``.
+                ``global_steps``, ``row_offset`` (the call's first row in the step's rows: later rounds of
+                dynamic sampling continue the numbering, so they draw fresh noise) and per-call
+                ``temperature``, ``top_p``, ``top_k``, ``do_sample``, ``n``, ``response_length``.
 
         Returns:
             DataProto of ``bs * n`` rows (see `build_rollout_output` for the keys).
@@ -406,7 +407,8 @@ class HFRollout(BaseRollout):
         batch = prompts.repeat(params.n, interleave=True) if params.n > 1 else prompts
         rows = len(batch)
         # Every rank gets an equal chunk (the dispatcher pads): rank r holds global rows [r*rows, (r+1)*rows).
-        keys = row_keys(self.config.seed, self._step_id(prompts.meta_info), self.dp_rank * rows, rows)
+        first = int(prompts.meta_info.get("row_offset", 0)) + self.dp_rank * rows
+        keys = row_keys(self.config.seed, self._step_id(prompts.meta_info), first, rows)
         self._num_calls += 1
         step = self.config.micro_batch_size or max(rows, 1)
         responses, log_probs = [], []

@@ -212,7 +212,7 @@ class VLLMRollout(BaseRollout):
         keys = row_keys(
             self.config.seed,
             2 * int(step) + int(bool(prompts.meta_info.get("validate"))),
-            self.dp_rank * len(batch),
+            int(prompts.meta_info.get("row_offset", 0)) + self.dp_rank * len(batch),
             len(batch),
         )
         self._num_calls += 1

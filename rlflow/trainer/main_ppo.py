@@ -85,7 +85,7 @@ def build_data(config: PPOTrainerConfig, tokenizer: Any) -> tuple[Any, Any]:
     workers = int(data.dataloader_num_workers)
     train_loader = create_rl_dataloader(
         train,
-        int(data.train_batch_size),
+        int(data.gen_batch_size),
         shuffle=bool(data.shuffle),
         seed=int(data.seed),
         num_workers=workers,
@@ -96,13 +96,20 @@ def build_data(config: PPOTrainerConfig, tokenizer: Any) -> tuple[Any, Any]:
 
 
 def build_reward_fns(config: PPOTrainerConfig, tokenizer: Any) -> tuple[Any, Any]:
-    """Reward managers for training and validation (custom score function if configured)."""
-    from rlflow.reward import NaiveRewardManager, get_custom_reward_fn
+    """Reward managers for training and validation (``reward_model.reward_manager`` with its
+    ``reward_kwargs``; the custom score function if configured)."""
+    from rlflow.reward import DAPORewardManager, NaiveRewardManager, OverlongBuffer, get_custom_reward_fn
 
     custom = get_custom_reward_fn(config.custom_reward_function)
     rm = config.reward_model
-    common = {"compute_score": custom, "reward_fn_key": str(config.data.reward_fn_key)}
-    train = NaiveRewardManager(
+    common: dict[str, Any] = {"compute_score": custom, "reward_fn_key": str(config.data.reward_fn_key)}
+    manager: Any = NaiveRewardManager
+    if str(rm.reward_manager) == "dapo":
+        manager = DAPORewardManager
+        common["overlong"] = OverlongBuffer.from_reward_kwargs(
+            dict(rm.reward_kwargs), int(config.data.max_response_length)
+        )
+    train = manager(
         tokenizer,
         num_examine=0,
         num_workers=int(rm.num_workers),
@@ -110,7 +117,7 @@ def build_reward_fns(config: PPOTrainerConfig, tokenizer: Any) -> tuple[Any, Any
         timeout_score=float(rm.timeout_score),
         **common,
     )
-    val = NaiveRewardManager(tokenizer, num_examine=1, **common)
+    val = manager(tokenizer, num_examine=1, **common)
     return train, val
 
 

@@ -31,6 +31,7 @@ from rlflow.logging.tracking import ProgressBar
 from rlflow.protocol import DataProto
 from rlflow.single_controller.futures import DataProtoFuture
 from rlflow.trainer.checkpointing import TrainerCheckpointer
+from rlflow.trainer.dynamic_sampling import OutOfData, Round, sample_informative_groups
 from rlflow.trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
@@ -166,37 +167,51 @@ class RayPPOTrainer:
         ):
             last = self._validate()
             self._log(last, step=0)
-        epoch = self.global_steps // max(len(self.train_dataloader), 1)
+        batches = self._prompt_batches()
         with ProgressBar(self.total_training_steps, initial=self.global_steps, disable=None) as bar:
             while self.global_steps < self.total_training_steps:
-                for raw in self.train_dataloader:
-                    self.global_steps += 1
-                    last = self.train_step(DataProto.from_single_dict(raw), epoch)
-                    self._log(last, step=self.global_steps)
-                    bar.update(last)
-                    if self.global_steps >= self.total_training_steps:
-                        break
-                epoch += 1
+                item = next(batches, None)
+                if item is None:
+                    break
+                epoch, batch = item
+                self.global_steps += 1
+                try:
+                    last = self.train_step(batch, epoch, more=batches)
+                except OutOfData as err:
+                    self.global_steps -= 1
+                    logger.warning("%s; training stops after step %d", err, self.global_steps)
+                    break
+                self._log(last, step=self.global_steps)
+                bar.update(last)
         return last
 
-    def train_step(self, batch: DataProto, epoch: int = 0) -> dict[str, float]:
-        """One PPO step on a batch of prompts; returns its metrics."""
+    def _prompt_batches(self) -> Iterator[tuple[int, DataProto]]:
+        """``(epoch, prompts)`` from the training loader, epoch after epoch up to ``trainer.total_epochs``."""
+        sampler = getattr(self.train_dataloader, "sampler", None)
+        epoch = getattr(sampler, "epoch", None)
+        if epoch is None:
+            epoch = self.global_steps // max(len(self.train_dataloader), 1)
+        while epoch < int(self.config.trainer.total_epochs):
+            for raw in self.train_dataloader:
+                yield epoch, DataProto.from_single_dict(raw)
+            epoch += 1
+
+    def train_step(
+        self, batch: DataProto, epoch: int = 0, more: Iterator[tuple[int, DataProto]] | None = None
+    ) -> dict[str, float]:
+        """One PPO step on a batch of prompts; returns its metrics.
+
+        Args:
+            batch: the step's prompts (``data.gen_batch_size`` of them).
+            epoch: logged as ``training/epoch``.
+            more: ``(epoch, prompts)`` batches for more generation rounds (``algorithm.filter_groups``).
+        """
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {"training/global_step": self.global_steps, "training/epoch": epoch}
         with _timer("step", timing):
-            if self.needs_baselines:
-                with _timer("gen_baseline", timing):
-                    baselines, baseline_metrics = self._reward_baselines(batch)
-                metrics.update(baseline_metrics)
-            with _timer("gen", timing):
-                batch, gen_metrics = self._generate(batch)
-            metrics.update(gen_metrics)
-            if self.needs_baselines:
-                n = int(self.config.actor_rollout_ref.rollout.n)
-                batch.batch["reward_baselines"] = baselines.repeat_interleave(n)
+            batch, sample_metrics = self._sample(batch, timing, more)
+            metrics.update(sample_metrics)
             self._balance(batch)
-            with _timer("reward", timing):
-                metrics.update(self._reward(batch))
             if self.recompute_old_log_prob:
                 with _timer("old_log_prob", timing):
                     metrics.update(self._old_log_prob(batch))
@@ -245,8 +260,14 @@ class RayPPOTrainer:
 
     # ---- steps ----------------------------------------------------------------------------------------
 
-    def _generate(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
+    def _generate(self, batch: DataProto, first_prompt: int = 0) -> tuple[DataProto, dict[str, float]]:
         """Sample ``rollout.n`` responses per prompt; the batch becomes one row per response.
+
+        Args:
+            batch: prompts.
+            first_prompt: index of the first prompt among the step's (> 0 in later rounds of dynamic
+                sampling): uids and sampling rows continue the step's numbering, so no two rounds draw
+                the same noise.
 
         The returned batch carries the step's meta info, read by the calls of this step: ``global_steps``
         (sampling keys, mini-batch shuffles) and ``global_batch_size`` (the unpadded size, so workers
@@ -254,15 +275,68 @@ class RayPPOTrainer:
         """
         n = int(self.config.actor_rollout_ref.rollout.n)
         batch.non_tensor_batch["uid"] = np.array(
-            [f"{self.global_steps}-{i}" for i in range(len(batch))], dtype=object
+            [f"{self.global_steps}-{first_prompt + i}" for i in range(len(batch))], dtype=object
         )
         gen_batch = batch.pop(batch_keys=["input_ids", "attention_mask", "position_ids"])
         gen_batch.meta_info.update(self._generation_meta(validate=False))
+        if first_prompt:
+            gen_batch.meta_info["row_offset"] = first_prompt * n
         out = self.groups.actor.generate_sequences(gen_batch)
         metrics = _worker_metrics(out)
         out.meta_info = {}
         batch = batch.repeat(n, interleave=True).union(out)
         batch.meta_info = {"global_steps": self.global_steps, "global_batch_size": len(batch)}
+        return batch, metrics
+
+    def _rollout(self, batch: DataProto, timing: dict[str, float], first_prompt: int = 0) -> Round:
+        """One generation round: (ReMax baselines,) responses and their scores.
+
+        Returns:
+            ``(batch, metrics, reward_extra_info)``: one row per response with ``token_level_scores``.
+        """
+        metrics: dict[str, float] = {}
+        if self.needs_baselines:
+            with _timer("gen_baseline", timing):
+                baselines, baseline_metrics = self._reward_baselines(batch)
+            metrics.update(baseline_metrics)
+        with _timer("gen", timing):
+            batch, gen_metrics = self._generate(batch, first_prompt)
+        metrics.update(gen_metrics)
+        if self.needs_baselines:
+            n = int(self.config.actor_rollout_ref.rollout.n)
+            batch.batch["reward_baselines"] = baselines.repeat_interleave(n)
+        with _timer("reward", timing):
+            extra = self._reward(batch)
+        return batch, metrics, extra
+
+    def _sample(
+        self, batch: DataProto, timing: dict[str, float], more: Iterator[tuple[int, DataProto]] | None
+    ) -> tuple[DataProto, dict[str, float]]:
+        """The step's scored responses: one round, or with ``algorithm.filter_groups`` as many rounds as
+        it takes to keep ``data.train_batch_size`` prompts whose responses differ in the metric
+        (`rlflow.algos.filter_groups`); the first ``train_batch_size`` kept prompts are the step's.
+
+        ``reward/<key>/mean`` is over every response generated in the step. With filtering, also
+        ``train/num_gen_batches`` (rounds) and ``train/informative_prompt_fraction``.
+        """
+        rounds = [self._rollout(batch, timing)]
+        metrics: dict[str, float] = {}
+        if self.config.algorithm.filter_groups.enable:
+            batch, metrics = sample_informative_groups(
+                self.config,
+                rounds,
+                lambda prompts, first: self._rollout(prompts, timing, first),
+                more,
+                self.global_steps,
+            )
+        else:
+            batch = rounds[0][0]
+        for key in rounds[0][1]:
+            metrics[key] = float(np.mean([m[key] for _, m, _ in rounds if key in m]))
+        for key in rounds[0][2]:
+            joined = [v for _, _, extra in rounds for v in extra.get(key, [])]
+            if _is_numeric(joined):
+                metrics[f"reward/{key}/mean"] = float(np.mean(joined))
         return batch, metrics
 
     def _reward_baselines(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
@@ -320,13 +394,13 @@ class RayPPOTrainer:
         order = balance_batch_across_dp(seqlens, self.groups.actor_dp_size)
         batch.reorder(torch.as_tensor(order))
 
-    def _reward(self, batch: DataProto) -> dict[str, float]:
+    def _reward(self, batch: DataProto) -> dict[str, list[Any]]:
+        """Score the responses into ``token_level_scores``; returns the reward's extra info."""
         if self.groups.reward_model is not None:
             batch.union(self.groups.reward_model.compute_rm_score(batch).select(meta_info_keys=[]))
         result = self.reward_fn(batch, return_dict=True)
         batch.batch["token_level_scores"] = result["reward_tensor"]
-        extra = result.get("reward_extra_info", {})
-        return {f"reward/{k}/mean": float(np.mean(v)) for k, v in extra.items() if _is_numeric(v)}
+        return dict(result.get("reward_extra_info", {}))
 
     def _old_log_prob(self, batch: DataProto) -> dict[str, float]:
         out = self.groups.actor.compute_log_prob(batch)

@@ -1,0 +1,89 @@
+"""Checks of ``reward_model`` and ``algorithm.filter_groups`` (part of
+`rlflow.config.validate.validate_config`)."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlflow.config.checks import at_least, flag, number, positive, value_at
+from rlflow.reward.dapo import OverlongBuffer
+
+__all__ = ["FILTER_METRICS", "REWARD_MANAGERS", "check_filter_groups", "check_reward_model", "reward_kwargs"]
+
+REWARD_MANAGERS = ("naive", "dapo")
+"""``reward_model.reward_manager`` values: `rlflow.reward.NaiveRewardManager`, `rlflow.reward.DAPORewardManager`."""
+
+FILTER_METRICS = ("seq_reward", "seq_final_reward")
+"""``algorithm.filter_groups.metric`` values computed from the rewards; any other name is read from the
+score function's extra info (``acc``, ``score``, ...), checked at the first step."""
+
+
+def reward_kwargs(cfg: DictConfig) -> dict:
+    """``reward_model.reward_kwargs`` as a plain dict."""
+    value = value_at(cfg, "reward_model.reward_kwargs")
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else dict(value or {})
+
+
+def check_reward_model(cfg: DictConfig) -> None:
+    """The reward manager, its keyword arguments, the scoring pool and the reward model."""
+    manager = value_at(cfg, "reward_model.reward_manager")
+    kwargs = reward_kwargs(cfg)
+    if manager == "dapo":
+        OverlongBuffer.from_reward_kwargs(kwargs, int(value_at(cfg, "data.max_response_length")))
+    elif manager == "naive":
+        if kwargs:
+            raise ValueError(
+                f"reward_model.reward_kwargs={kwargs}: the naive reward manager takes no keyword arguments "
+                "(keyword arguments of the score function go to custom_reward_function.reward_kwargs; the "
+                "overlong buffer needs reward_model.reward_manager=dapo)"
+            )
+    else:
+        raise ValueError(
+            f"reward_model.reward_manager={manager!r}: one of {list(REWARD_MANAGERS)} (verl's batch, prime "
+            "and async managers are not implemented; reward_model.num_workers scores in a process pool)"
+        )
+    if flag(cfg, "reward_model.launch_reward_fn_async"):
+        raise ValueError(
+            "reward_model.launch_reward_fn_async=true is not supported; use reward_model.num_workers for a "
+            "process pool instead"
+        )
+    at_least(cfg, "reward_model.num_workers", 0)
+    positive(cfg, "reward_model.timeout_s", allow_none=True)
+    number(cfg, "reward_model.timeout_score")
+    if not flag(cfg, "reward_model.enable"):
+        return
+    if value_at(cfg, "reward_model.model.path") is None:
+        raise ValueError("reward_model.model.path must be set when reward_model.enable=true")
+    at_least(cfg, "reward_model.micro_batch_size_per_gpu", 1)
+
+
+def check_filter_groups(cfg: DictConfig) -> None:
+    """DAPO's dynamic sampling and ``data.gen_batch_size``."""
+    prefix = "algorithm.filter_groups"
+    gen = at_least(cfg, "data.gen_batch_size", 1)
+    train = int(value_at(cfg, "data.train_batch_size"))
+    if not flag(cfg, f"{prefix}.enable"):
+        if gen != train:
+            raise ValueError(
+                f"data.gen_batch_size={gen} differs from data.train_batch_size={train}: a generation round "
+                f"larger than the step is for dynamic sampling; set {prefix}.enable=true or drop "
+                "data.gen_batch_size"
+            )
+        return
+    metric = value_at(cfg, f"{prefix}.metric")
+    if not metric:
+        raise ValueError(
+            f"{prefix}.metric must be set when {prefix}.enable=true: a key of the score function's "
+            f"extra info (acc, score, ...) or one of {list(FILTER_METRICS)}"
+        )
+    int(value_at(cfg, f"{prefix}.max_num_gen_batches"))
+    if metric == "seq_final_reward" and flag(cfg, "algorithm.use_kl_in_reward"):
+        raise ValueError(
+            f"{prefix}.metric=seq_final_reward with algorithm.use_kl_in_reward=true: groups are filtered "
+            "before the reference policy runs, so the KL-penalised reward is not known yet; use seq_reward"
+        )
+    if int(value_at(cfg, "actor_rollout_ref.rollout.n")) < 2:
+        raise ValueError(
+            f"{prefix}.enable=true with actor_rollout_ref.rollout.n=1: every group has one response and is "
+            "kept, so filtering does nothing; sample several responses per prompt"
+        )
