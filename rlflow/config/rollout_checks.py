@@ -35,6 +35,25 @@ def _check_sampling(cfg: DictConfig, prefix: str) -> None:
 def check_rollout(cfg: DictConfig) -> None:
     """``actor_rollout_ref.rollout``: engine, sampling (training and validation), lengths, engine limits."""
     choice(cfg, f"{ROLLOUT}.name", ROLLOUT_NAMES)
+    mode = value_at(cfg, f"{ROLLOUT}.mode")
+    if mode != "sync":
+        raise ValueError(
+            f"{ROLLOUT}.mode={mode!r}: rlflow's rollouts are synchronous calls on the workers (mode=sync); "
+            "verl's async mode serves the engine for agent loops and multi-turn rollouts, which rlflow does "
+            "not have — drop the key (single-turn scripts sample the same with sync)"
+        )
+    if flag(cfg, f"{ROLLOUT}.multi_turn.enable"):
+        raise ValueError(
+            f"{ROLLOUT}.multi_turn.enable=true: rlflow generates single-turn responses only; multi-turn "
+            "tool-calling rollouts are not implemented"
+        )
+    fmt = value_at(cfg, f"{ROLLOUT}.multi_turn.format")
+    if fmt != "hermes":
+        raise ValueError(
+            f"{ROLLOUT}.multi_turn.format={fmt!r}: the tool-call format of multi-turn rollouts, which rlflow "
+            "does not have; only verl's default 'hermes' (which single-turn scripts pass) is accepted — drop "
+            "the key"
+        )
     _check_sampling(cfg, ROLLOUT)
     _check_sampling(cfg, f"{ROLLOUT}.val_kwargs")
     prompt_length = at_least(cfg, f"{ROLLOUT}.prompt_length", 1)

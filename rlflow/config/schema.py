@@ -115,6 +115,8 @@ class ModelConfig:
             None = ``rlflow://tiny-sft``, the tiny model warm-started on ``data.task`` (rlflow.trainer.warm_start).
         attn_implementation: auto | sdpa | eager | flash_attention_2 (see `rlflow.models.loader`).
         use_remove_padding: pack the valid tokens of a micro-batch into one row (no padding compute).
+        override_config: HF config attributes replaced when the model is built (actor, reference,
+            rollout), e.g. ``+actor_rollout_ref.model.override_config.attention_dropout=0.0``.
     """
 
     path: str | None = None
@@ -123,6 +125,7 @@ class ModelConfig:
     attn_implementation: str = "sdpa"
     use_remove_padding: bool = True
     enable_gradient_checkpointing: bool = False
+    override_config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -280,12 +283,29 @@ class ValKwargsSection:
 
 
 @dataclass
+class MultiTurnSection:
+    """``actor_rollout_ref.rollout.multi_turn`` (verl's keys): rlflow generates single-turn responses.
+
+    Attributes:
+        enable: multi-turn tool-calling rollouts; only false is supported.
+        format: the tool-call chat format of multi-turn rollouts; verl's default ``hermes`` (which its
+            single-turn scripts pass too) is accepted, any other value refused.
+    """
+
+    enable: bool = False
+    format: str = "hermes"
+
+
+@dataclass
 class RolloutSection:
     """``actor_rollout_ref.rollout``: generation (`rlflow.rollout`). The engine options after
     ``val_kwargs`` are additions to verl's keys so that its vLLM knobs can be set.
 
     Attributes:
         name: hf (embedded, CPU too) | vllm (GPU extra).
+        mode: sync: each generation call returns the whole batch (rlflow's rollouts); verl's server-based
+            async mode is refused.
+        multi_turn: verl's multi-turn section; single-turn only (``enable=false``).
         temperature: softmax temperature; 0 means greedy (as in vLLM); log-probs are then taken at 1.
         top_k: keep the k most likely tokens; -1 (or 0) = off.
         top_p: nucleus sampling mass in (0, 1]; 1.0 = off (Holtzman et al. 2019, arXiv:1904.09751).
@@ -313,6 +333,8 @@ class RolloutSection:
     """
 
     name: str = "hf"
+    mode: str = "sync"
+    multi_turn: MultiTurnSection = field(default_factory=MultiTurnSection)
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
@@ -350,7 +372,11 @@ class ActorRolloutRefConfig:
 
 @dataclass
 class CriticModelConfig:
-    """``critic.model``: the value model; by default the actor's model with a fresh scalar head."""
+    """``critic.model``: the value model; by default the actor's model with a fresh scalar head.
+
+    Attributes:
+        override_config: HF config attributes replaced when the value model is built.
+    """
 
     path: str | None = II("actor_rollout_ref.model.path")
     tokenizer_path: str | None = II("actor_rollout_ref.model.tokenizer_path")
@@ -358,6 +384,7 @@ class CriticModelConfig:
     attn_implementation: str = II("actor_rollout_ref.model.attn_implementation")
     use_remove_padding: bool = II("actor_rollout_ref.model.use_remove_padding")
     enable_gradient_checkpointing: bool = False
+    override_config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -516,6 +543,11 @@ class TrainerConfig:
             matmul rate on CPU.
         validation_data_dir: write each validation's prompts, responses and scores to
             ``<dir>/<step>.jsonl`` (read them with ``python scripts/view_rollouts.py``); None = off.
+        log_val_generations: log the first N validation samples (prompt, response, score) to the
+            loggers at every validation: printed on the console, appended to
+            ``<log_dir>/val_generations.jsonl``, a text table in tensorboard, a wandb table; 0 = off.
+        use_legacy_worker_impl: verl's choice between its two worker implementations; rlflow has one
+            (`rlflow.workers`), so ``auto`` and ``disable`` run it and ``enable`` is refused.
     """
 
     project_name: str = "rlflow"
@@ -543,6 +575,8 @@ class TrainerConfig:
     worker_start_timeout_s: float = 600
     peak_tflops: float | None = None
     validation_data_dir: str | None = None
+    log_val_generations: int = 0
+    use_legacy_worker_impl: str = "auto"
 
 
 @dataclass

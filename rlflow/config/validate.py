@@ -187,6 +187,14 @@ def _check_trainer(cfg: DictConfig) -> None:
     positive(cfg, "trainer.worker_start_timeout_s")
     choice(cfg, "trainer.device", DEVICES)
     choice(cfg, "trainer.resume_mode", RESUME_MODES)
+    at_least(cfg, "trainer.log_val_generations", 0)
+    legacy = value_at(cfg, "trainer.use_legacy_worker_impl")
+    if legacy not in ("auto", "disable"):
+        raise ValueError(
+            f"trainer.use_legacy_worker_impl={legacy!r}: rlflow has one worker implementation "
+            "(rlflow/workers, one file per role); 'auto' and 'disable' run it, and there is no legacy one "
+            "to enable"
+        )
     loggers = value_at(cfg, "trainer.logger")
     loggers = [loggers] if isinstance(loggers, str) else loggers
     for i, name in enumerate(loggers):

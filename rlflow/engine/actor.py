@@ -198,6 +198,8 @@ class DataParallelPPOActor:
             data, self.update, step, self._accumulate_mini_batch, self._optimizer_step, self.dp_group, "actor"
         )
         self.skipped_steps += skipped
+        if self.config.use_kl_loss:
+            metrics["actor/kl_coef"] = float(self.config.kl_loss_coef)  # verl's name for the KL-loss weight
         return metrics
 
     def _accumulate_mini_batch(self, mini: DataProto, acc: MetricAccumulator) -> None:

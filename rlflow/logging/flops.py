@@ -133,12 +133,18 @@ def transformer_shape(hf_config: Any) -> TransformerShape:
     )
 
 
-def count_matmul_params(shape: TransformerShape) -> int:
-    """``N``: weights used in a matrix multiply per token (attention, gated MLP, LM head; no embedding)."""
+def count_matmul_params(shape: TransformerShape, head_outputs: int | None = None) -> int:
+    """``N``: weights used in a matrix multiply per token (attention, gated MLP, the head; no embedding).
+
+    Args:
+        shape: the decoder's sizes.
+        head_outputs: outputs of the head; None = the LM head (``vocab_size``), 1 for a value model.
+    """
     h, d = shape.hidden_size, shape.head_dim
     attention = 2 * h * shape.num_heads * d + 2 * h * shape.num_kv_heads * d  # q, o + k, v
     mlp = 3 * h * shape.intermediate_size  # gate, up, down
-    return shape.num_layers * (attention + mlp) + h * shape.vocab_size
+    head = shape.vocab_size if head_outputs is None else int(head_outputs)
+    return shape.num_layers * (attention + mlp) + h * head
 
 
 def _attention_width(shape: TransformerShape) -> int:
@@ -166,11 +172,12 @@ class FlopsCounter:
 
     Args:
         hf_config: the model's Hugging Face config (see :func:`transformer_shape`).
+        head_outputs: outputs of the head; None = the LM head, 1 for the critic's value head.
     """
 
-    def __init__(self, hf_config: Any) -> None:
+    def __init__(self, hf_config: Any, head_outputs: int | None = None) -> None:
         self.shape = transformer_shape(hf_config)
-        self.num_params = count_matmul_params(self.shape)
+        self.num_params = count_matmul_params(self.shape, head_outputs)
 
     def estimate_flops(self, batch_seqlens: Sequence[int], backward: bool = True) -> float:
         """Total FLOPs of one pass over sequences of lengths ``batch_seqlens`` (valid tokens each)."""

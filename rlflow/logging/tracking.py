@@ -220,6 +220,14 @@ class _Console:
     def log(self, data: Mapping[str, float], step: int) -> None:
         tqdm.write(format_console_line(data, step), file=self.stream or sys.stdout)
 
+    def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
+        lines = [f"validation generations at step {step}:"]
+        for s in samples:
+            lines.append(
+                f"  [score {_fmt(float(s['score']))}] {s['prompt']!r:.160} -> {s['response']!r:.160}"
+            )
+        tqdm.write("\n".join(lines), file=self.stream or sys.stdout)
+
     def finish(self, history: Sequence[Mapping[str, float]]) -> None:
         if history:
             tqdm.write("\n" + summary_table(history), file=self.stream or sys.stdout)
@@ -235,6 +243,20 @@ class _Jsonl:
         row = {"step": int(step), **{k: (v if math.isfinite(v) else None) for k, v in data.items()}}
         self.file.write(json.dumps(row, allow_nan=False) + "\n")
         self.file.flush()
+
+    def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
+        from rlflow.logging.rollout_viewer import dump_generations
+
+        path = os.path.join(os.path.dirname(self.path), "val_generations.jsonl")
+        extra = {k: [s[k] for s in samples] for k in samples[0] if k not in ("prompt", "response", "score")}
+        dump_generations(
+            path,
+            step,
+            [s["prompt"] for s in samples],
+            [s["response"] for s in samples],
+            [float(s["score"]) for s in samples],
+            extra,
+        )
 
     def finish(self, history: Sequence[Mapping[str, float]]) -> None:
         self.file.close()
@@ -254,6 +276,11 @@ class _TensorBoard:
     def log(self, data: Mapping[str, float], step: int) -> None:
         for key, value in data.items():
             self.writer.add_scalar(key, value, global_step=step)
+
+    def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
+        rows = [f"| {float(s['score']):.4g} | {s['prompt']!r} | {s['response']!r} |" for s in samples]
+        table = "| score | prompt | response |\n|---|---|---|\n" + "\n".join(rows)
+        self.writer.add_text("val/generations", table, global_step=step)
 
     def finish(self, history: Sequence[Mapping[str, float]]) -> None:
         self.writer.flush()
@@ -297,6 +324,13 @@ class _Wandb:
 
     def log(self, data: Mapping[str, float], step: int) -> None:
         self.run.log(dict(data), step=step)
+
+    def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
+        import wandb
+
+        columns = list(samples[0])
+        table = wandb.Table(columns=columns, data=[[s[c] for c in columns] for s in samples])
+        self.run.log({"val/generations": table}, step=step)
 
     def finish(self, history: Sequence[Mapping[str, float]]) -> None:
         self.run.finish()
@@ -395,6 +429,21 @@ class Tracking:
         self.history.append({"step": int(step), **row})
         for backend in self.backends.values():
             backend.log(row, int(step))
+
+    def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
+        """Record validation samples (``trainer.log_val_generations``): the console prints them,
+        jsonl appends them to ``<log_dir>/val_generations.jsonl`` (``python scripts/view_rollouts.py``
+        renders it), tensorboard adds a text table and wandb a ``val/generations`` table.
+
+        Args:
+            samples: dicts with ``prompt``, ``response``, ``score`` and optionally other fields (the same
+                keys in every sample).
+            step: training step of the validation.
+        """
+        if not samples:
+            return
+        for backend in self.backends.values():
+            backend.log_generations(samples, int(step))
 
     def finish(self, plot: bool = True) -> None:
         """Close every backend; print the summary table (console) and draw the curves PNG (jsonl).

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -27,7 +28,9 @@ from rlflow.utils.dtypes import to_torch_dtype
 
 __all__ = [
     "ATTN_IMPLEMENTATIONS",
+    "apply_config_overrides",
     "load_causal_lm",
+    "load_model_config",
     "load_reward_model",
     "load_tokenizer",
     "load_value_model",
@@ -120,8 +123,33 @@ def _from_pretrained(auto_cls: Any, path: str, role: str, **kwargs: Any) -> tupl
         raise ValueError(f"cannot load the {role} model from {path!r}: {type(exc).__name__}: {exc}") from exc
 
 
-def _load_config(path: str, trust_remote_code: bool, role: str, **overrides: Any) -> Any:
-    """Load a model config (with attribute overrides) or raise ``ValueError`` naming the path."""
+def apply_config_overrides(config: Any, overrides: Mapping[str, Any], where: str = "override_config") -> Any:
+    """Set ``overrides`` on an HF config (verl's ``model.override_config``): attributes are replaced, a
+    mapping given for a sub-config (e.g. ``rope_scaling`` dicts stay dicts) is applied to it key by key.
+
+    Args:
+        config: a ``PretrainedConfig`` (changed in place and returned).
+        overrides: attribute name -> value.
+        where: the config key, for the log line.
+    """
+    for key, value in overrides.items():
+        current = getattr(config, key, None)
+        if isinstance(value, Mapping) and hasattr(current, "to_dict"):
+            apply_config_overrides(current, value, f"{where}.{key}")
+        else:
+            setattr(config, key, value)
+    if overrides:
+        logger.info("model config: %s = %s applied", where, dict(overrides))
+    return config
+
+
+def load_model_config(
+    path: str,
+    trust_remote_code: bool = False,
+    override_config: Mapping[str, Any] | None = None,
+    role: str = "model",
+) -> Any:
+    """The HF config of ``path`` with ``override_config`` applied, or ``ValueError`` naming the path."""
     from transformers import AutoConfig
 
     local = resolve_model_path(path)
@@ -129,9 +157,7 @@ def _load_config(path: str, trust_remote_code: bool, role: str, **overrides: Any
         config = AutoConfig.from_pretrained(local, trust_remote_code=trust_remote_code)
     except Exception as exc:
         raise ValueError(f"cannot load the {role} config from {path!r}: {type(exc).__name__}: {exc}") from exc
-    for key, value in overrides.items():
-        setattr(config, key, value)
-    return config
+    return apply_config_overrides(config, dict(override_config or {}))
 
 
 def load_causal_lm(
@@ -139,6 +165,7 @@ def load_causal_lm(
     dtype: str | torch.dtype = "float32",
     attn_implementation: str | None = "auto",
     trust_remote_code: bool = False,
+    override_config: Mapping[str, Any] | None = None,
 ) -> Any:
     """Load a causal LM (actor or reference policy).
 
@@ -147,6 +174,7 @@ def load_causal_lm(
         dtype: parameter dtype (see :func:`resolve_dtype`).
         attn_implementation: see :func:`resolve_attn_implementation`.
         trust_remote_code: allow custom modelling code shipped with the checkpoint.
+        override_config: HF config attributes to replace (`apply_config_overrides`).
 
     Returns:
         The model on CPU (train mode is left to the caller).
@@ -157,6 +185,7 @@ def load_causal_lm(
         AutoModelForCausalLM,
         path,
         "causal-LM",
+        config=load_model_config(path, trust_remote_code, override_config, "causal-LM"),
         dtype=resolve_dtype(dtype),
         attn_implementation=resolve_attn_implementation(attn_implementation),
         trust_remote_code=trust_remote_code,
@@ -200,6 +229,7 @@ def load_value_model(
     trust_remote_code: bool = False,
     seed: int = 0,
     head_init_std: float | None = None,
+    override_config: Mapping[str, Any] | None = None,
 ) -> Any:
     """Load the PPO critic as a token-level value model: ``AutoModelForTokenClassification``, one label.
 
@@ -218,13 +248,18 @@ def load_value_model(
         trust_remote_code: allow custom modelling code shipped with the checkpoint.
         seed: seed of the fresh head.
         head_init_std: std of the fresh head's weight; None uses the config's ``initializer_range``.
+        override_config: HF config attributes to replace (`apply_config_overrides`).
 
     Returns:
         The value model on CPU.
     """
     from transformers import AutoModelForTokenClassification
 
-    config = _load_config(path, trust_remote_code, "value", num_labels=1, classifier_dropout=0.0)
+    config = apply_config_overrides(
+        load_model_config(path, trust_remote_code, override_config, "value"),
+        {"num_labels": 1, "classifier_dropout": 0.0},
+        "loader",
+    )
     model, info = _from_pretrained(
         AutoModelForTokenClassification,
         path,
@@ -281,7 +316,9 @@ def load_reward_model(
     """
     from transformers import AutoModelForSequenceClassification
 
-    config = _load_config(path, trust_remote_code, "reward", num_labels=1)
+    config = apply_config_overrides(
+        load_model_config(path, trust_remote_code, role="reward"), {"num_labels": 1}, "loader"
+    )
     model, info = _from_pretrained(
         AutoModelForSequenceClassification,
         path,

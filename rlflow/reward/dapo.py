@@ -120,7 +120,9 @@ class DAPORewardManager(NaiveRewardManager):
         tokenizer, num_examine, ...: as `NaiveRewardManager`.
         overlong: the buffer settings; disabled = the naive manager's scores.
 
-    With ``overlong.log`` the extra info also holds ``overlong_reward`` (the penalty) and ``overlong``
+    A score function that returns a number has it logged as ``acc`` too (verl's dapo manager does, so
+    ``algorithm.filter_groups.metric=acc`` works with any score function). With ``overlong.log`` the
+    extra info also holds ``overlong_reward`` (the penalty) and ``overlong``
     (1.0 where the penalty is negative), logged as ``reward/overlong_reward/mean`` and
     ``reward/overlong/mean``.
     """
@@ -130,10 +132,13 @@ class DAPORewardManager(NaiveRewardManager):
         self.overlong = overlong
 
     def __call__(self, data: DataProto, return_dict: bool = False) -> torch.Tensor | dict[str, Any]:
-        if "rm_scores" in data.batch.keys() or not self.overlong.enable:
+        if "rm_scores" in data.batch.keys():
             return super().__call__(data, return_dict=return_dict)
         result = super().__call__(data, return_dict=True)
         reward, extra = result["reward_tensor"], result["reward_extra_info"]
+        extra.setdefault("acc", list(extra["score"]))
+        if not self.overlong.enable:
+            return result if return_dict else reward
         prompt_len = data.batch["prompts"].shape[-1]
         lengths = data.batch["attention_mask"][:, prompt_len:].sum(-1)
         buf = self.overlong

@@ -37,9 +37,8 @@ def prepare_config(cfg: DictConfig, build_warm_start: bool = True) -> DictConfig
     ``ValueError`` naming the key path. A warm start is built (once, into the cache) only after the
     config validated: it has the architecture of ``rlflow://tiny``, which stands in for it until then
     (and afterwards too with ``build_warm_start=False``: `rlflow.trainer.check_config`)."""
-    from transformers import AutoConfig
-
     from rlflow.data.tasks import ensure_task_files
+    from rlflow.models.loader import load_model_config
     from rlflow.models.tiny import TINY_MODEL_SENTINEL, resolve_model_path
     from rlflow.trainer.warm_start import ensure_warm_start, warm_start_task
 
@@ -58,7 +57,7 @@ def prepare_config(cfg: DictConfig, build_warm_start: bool = True) -> DictConfig
             cfg.data.train_files = train
         if cfg.data.val_files is None:
             cfg.data.val_files = val
-    hf = AutoConfig.from_pretrained(model.path, trust_remote_code=bool(model.trust_remote_code))
+    hf = load_model_config(model.path, bool(model.trust_remote_code), dict(model.override_config or {}))
     validate_config(
         cfg, num_attention_heads=hf.num_attention_heads, num_key_value_heads=hf.num_key_value_heads
     )

@@ -175,8 +175,10 @@ def compute_throughput_metrics(
     n_workers: int,
     actor_flops: float | None = None,
     peak_flops: float | None = None,
+    critic_flops: float | None = None,
+    n_critic_workers: int | None = None,
 ) -> dict[str, float]:
-    """Tokens per second per worker and, given a FLOPs estimate and a peak, the actor's MFU.
+    """Tokens per second per worker and, given FLOPs estimates and a peak, the actor's and critic's MFU.
 
     Args:
         batch: the step's ``DataProto`` (``attention_mask: (bs, prompt_len + response_len)``).
@@ -192,7 +194,9 @@ def compute_throughput_metrics(
         ``timing_raw["step"]``; ``perf/throughput``: ``total_num_tokens / (time_per_step * n_workers)``.
         With both ``actor_flops`` and ``peak_flops``: ``perf/mfu/actor`` =
         ``actor_flops / (timing_raw["update_actor"] * n_workers * peak_flops)`` (model FLOPs utilisation,
-        Chowdhery et al. 2022, PaLM, appendix B) and ``perf/achieved_tflops/actor`` (per worker).
+        Chowdhery et al. 2022, PaLM, appendix B) and ``perf/achieved_tflops/actor`` (per worker); with
+        ``critic_flops`` (the critic update's FLOPs, value head of one output) the same for the critic
+        over ``timing_raw["update_critic"]`` and ``n_critic_workers`` (default ``n_workers``).
     """
     fn = "compute_throughput_metrics"
     if int(n_workers) <= 0:
@@ -207,12 +211,16 @@ def compute_throughput_metrics(
         "perf/time_per_step": time_per_step,
         "perf/throughput": total_tokens / (time_per_step * n_workers) if time_per_step > 0 else 0.0,
     }
-    if actor_flops is not None and peak_flops is not None:
-        update_s = float(timing_raw.get("update_actor", 0.0))
+    roles = [("actor", actor_flops, int(n_workers))]
+    roles.append(("critic", critic_flops, int(n_critic_workers or n_workers)))
+    for role, flops, workers in roles:
+        if flops is None or peak_flops is None:
+            continue
+        update_s = float(timing_raw.get(f"update_{role}", 0.0))
         if update_s > 0 and peak_flops > 0:
-            per_worker = float(actor_flops) / (update_s * n_workers)
-            metrics["perf/achieved_tflops/actor"] = per_worker / 1e12
-            metrics["perf/mfu/actor"] = per_worker / float(peak_flops)
+            per_worker = float(flops) / (update_s * workers)
+            metrics[f"perf/achieved_tflops/{role}"] = per_worker / 1e12
+            metrics[f"perf/mfu/{role}"] = per_worker / float(peak_flops)
     return metrics
 
 

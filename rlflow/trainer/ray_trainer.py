@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from rlflow.algos.advantages import advantage_metrics, compute_advantage, get_estimator_info
-from rlflow.config import to_typed, update_is_on_policy
+from rlflow.config import need_critic, to_typed, update_is_on_policy
 from rlflow.config.schema import PPOTrainerConfig
 from rlflow.engine.seqlen_balancing import balance_batch_across_dp
 from rlflow.logging.tracking import ProgressBar
@@ -113,27 +113,32 @@ class RayPPOTrainer:
         self.checkpointer = TrainerCheckpointer(config.trainer)
         self.history: list[dict[str, float]] = []
         self.total_training_steps = self._total_steps()
-        self._flops_counter, self._peak_flops = self._flops_setup()
+        self._flops_counters, self._peak_flops = self._flops_setup()
 
-    def _flops_setup(self) -> tuple[Any, float | None]:
-        """FLOPs estimator of the actor model and the per-worker peak for the MFU."""
-        from transformers import AutoConfig
-
+    def _flops_setup(self) -> tuple[dict[str, Any], float | None]:
+        """FLOPs estimators of the actor's and the critic's models and the per-worker peak for the MFU."""
         from rlflow.logging.flops import FlopsCounter, peak_flops
+        from rlflow.models.loader import load_model_config
 
-        model = self.config.actor_rollout_ref.model
-        try:
-            counter = FlopsCounter(
-                AutoConfig.from_pretrained(str(model.path), trust_remote_code=bool(model.trust_remote_code))
-            )
-        except (ValueError, TypeError) as err:  # e.g. a mixture-of-experts config
-            logger.warning("no FLOPs estimate for this model (%s); MFU is not reported", err)
-            return None, None
+        models = {"actor": (self.config.actor_rollout_ref.model, None)}
+        if need_critic(self.config):
+            models["critic"] = (self.config.critic.model, 1)  # a value head of one output
+        counters: dict[str, Any] = {}
+        for role, (model, head) in models.items():
+            try:
+                hf = load_model_config(
+                    str(model.path), bool(model.trust_remote_code), dict(model.override_config)
+                )
+                counters[role] = FlopsCounter(hf, head_outputs=head)
+            except (ValueError, TypeError) as err:  # e.g. a mixture-of-experts config
+                logger.warning("no FLOPs estimate for the %s model (%s); its MFU is not reported", role, err)
+        if not counters:
+            return counters, None
         trainer = self.config.trainer
         configured = None if trainer.peak_tflops is None else float(trainer.peak_tflops) * 1e12
         device = "cuda" if torch.cuda.is_available() and str(trainer.device) != "cpu" else "cpu"
         threads = max(1, int(float(trainer.cpus_per_worker)))
-        return counter, peak_flops(device, configured=configured, num_threads=threads)
+        return counters, peak_flops(device, configured=configured, num_threads=threads)
 
     # ---- set-up ---------------------------------------------------------------------------------------
 
@@ -240,17 +245,26 @@ class RayPPOTrainer:
         return metrics
 
     def _throughput(self, batch: DataProto, timing: dict[str, float]) -> dict[str, float]:
-        actor_flops = None
-        if self._flops_counter is not None and "update_actor" in timing:
-            seqlens = batch.batch["attention_mask"].sum(-1).tolist()
-            epochs = int(self.config.actor_rollout_ref.actor.ppo_epochs)
-            actor_flops = self._flops_counter.estimate_flops(seqlens) * epochs
+        """``perf/*``: tokens/s and, for the roles that updated this step, the MFU (`compute_throughput_metrics`)."""
+        seqlens = batch.batch["attention_mask"].sum(-1).tolist()
+        epochs = {
+            "actor": int(self.config.actor_rollout_ref.actor.ppo_epochs),
+            "critic": int(self.config.critic.ppo_epochs),
+        }
+        flops = {
+            role: counter.estimate_flops(seqlens) * epochs[role]
+            for role, counter in self._flops_counters.items()
+            if f"update_{role}" in timing
+        }
+        critic = self.groups.critic
         return compute_throughput_metrics(
             batch,
             timing,
             n_workers=self.groups.actor.world_size,
-            actor_flops=actor_flops,
+            actor_flops=flops.get("actor"),
             peak_flops=self._peak_flops,
+            critic_flops=flops.get("critic"),
+            n_critic_workers=critic.world_size if critic is not None else None,
         )
 
     def _due(self, freq: int | None) -> bool:
@@ -457,7 +471,9 @@ class RayPPOTrainer:
         sources_all: list[str] = []
         scores_all: list[float] = []
         n = int(self.config.actor_rollout_ref.rollout.val_kwargs.n)
-        dump_dir = self.config.trainer.validation_data_dir
+        record = (
+            bool(self.config.trainer.validation_data_dir) or int(self.config.trainer.log_val_generations) > 0
+        )
         dumped: list[tuple[DataProto, list[float]]] = []
         for raw in self.val_dataloader:
             batch = DataProto.from_single_dict(raw)
@@ -480,31 +496,57 @@ class RayPPOTrainer:
             )
             sources_all.extend(str(src) for src in sources)
             scores_all.extend(float(s) for s in seq_scores)
-            if dump_dir:
+            if record:
                 dumped.append((batch, seq_scores))
         if dumped:
-            self._dump_generations(str(dump_dir), dumped)
+            self._record_generations(dumped)
         return validation_metrics(sources_all, scores_all, n)
 
-    def _dump_generations(self, out_dir: str, parts: list[tuple[DataProto, list[float]]]) -> None:
-        """Decoded prompts and responses with their scores, for ``scripts/view_rollouts.py``."""
-        from rlflow.logging.rollout_viewer import dump_generations
-
+    def _decode_samples(self, parts: list[tuple[DataProto, list[float]]]) -> dict[str, list[Any]]:
+        """Decoded ``prompt`` and ``response``, ``score``, and ``ground_truth`` / ``data_source`` when known,
+        one entry per sample."""
         batch = DataProto.concat([b.select(meta_info_keys=[]) for b, _ in parts])
-        scores = [s for _, part in parts for s in part]
         prompt_len = batch.batch["prompts"].shape[-1]
         mask = batch.batch["attention_mask"].bool()
         decode = self.tokenizer.decode
-        prompts = [decode(ids[m[:prompt_len]].tolist()) for ids, m in zip(batch.batch["prompts"], mask)]
-        responses = [decode(ids[m[prompt_len:]].tolist()) for ids, m in zip(batch.batch["responses"], mask)]
-        extra = {}
+        columns: dict[str, list[Any]] = {
+            "prompt": [decode(ids[m[:prompt_len]].tolist()) for ids, m in zip(batch.batch["prompts"], mask)],
+            "response": [
+                decode(ids[m[prompt_len:]].tolist()) for ids, m in zip(batch.batch["responses"], mask)
+            ],
+            "score": [s for _, part in parts for s in part],
+        }
         if "reward_model" in batch.non_tensor_batch:
-            extra["ground_truth"] = [
+            columns["ground_truth"] = [
                 str(r.get("ground_truth")) for r in batch.non_tensor_batch["reward_model"]
             ]
         if "data_source" in batch.non_tensor_batch:
-            extra["data_source"] = [str(x) for x in batch.non_tensor_batch["data_source"]]
-        dump_generations(out_dir, self.global_steps, prompts, responses, scores, extra)
+            columns["data_source"] = [str(x) for x in batch.non_tensor_batch["data_source"]]
+        return columns
+
+    def _record_generations(self, parts: list[tuple[DataProto, list[float]]]) -> None:
+        """``trainer.validation_data_dir``: every validation sample to ``<dir>/<step>.jsonl``;
+        ``trainer.log_val_generations``: the first N samples (the same prompts at every validation) to
+        the tracker's ``log_generations``."""
+        from rlflow.logging.rollout_viewer import dump_generations
+
+        columns = self._decode_samples(parts)
+        trainer = self.config.trainer
+        if trainer.validation_data_dir:
+            extra = {k: v for k, v in columns.items() if k not in ("prompt", "response", "score")}
+            dump_generations(
+                str(trainer.validation_data_dir),
+                self.global_steps,
+                columns["prompt"],
+                columns["response"],
+                columns["score"],
+                extra,
+            )
+        keep = int(trainer.log_val_generations)
+        if keep > 0 and hasattr(self.tracker, "log_generations"):
+            count = min(keep, len(columns["score"]))
+            samples = [{k: v[i] for k, v in columns.items()} for i in range(count)]
+            self.tracker.log_generations(samples, step=self.global_steps)
 
     # ---- checkpoints ----------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import torch
 from rlflow.config.reads import track_reads, tracking_enabled
 from rlflow.config.schema import OptimConfig, PPOTrainerConfig
 from rlflow.engine.optim import build_lr_scheduler, build_optimizer
-from rlflow.models.loader import load_tokenizer
+from rlflow.models.loader import load_model_config, load_tokenizer
 from rlflow.parallel.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from rlflow.parallel.distributed import current_device
 from rlflow.parallel.sharded import load_optimizer_to_device, offload_optimizer_to_cpu
@@ -38,9 +38,7 @@ __all__ = ["RoleWorker"]
 
 
 def _hf_config(model: Any) -> Any:
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(model_path(model), trust_remote_code=bool(model.trust_remote_code))
+    return load_model_config(model_path(model), bool(model.trust_remote_code), dict(model.override_config))
 
 
 class RoleWorker(Worker):

@@ -14,11 +14,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from tensordict import TensorDict
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from rlflow.config.schema import FSDPConfig, PPOTrainerConfig
 from rlflow.models.attention import set_packed_attention
-from rlflow.models.loader import load_causal_lm, load_value_model
+from rlflow.models.loader import load_causal_lm, load_model_config, load_value_model
 from rlflow.models.tiny import resolve_model_path
 from rlflow.parallel.dims import ParallelDims
 from rlflow.parallel.distributed import init_distributed
@@ -133,8 +133,10 @@ def setup_role_parallel(world_size: int, layout: RoleLayout, hf_config: Any) -> 
     return RoleParallel(dims, dims.ulysses_mesh["dp"].get_group(), sp_group, dist.group.WORLD)
 
 
-def _meta_model(kind: str, path: str, trust_remote_code: bool) -> torch.nn.Module:
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+def _meta_model(
+    kind: str, path: str, trust_remote_code: bool, override_config: dict[str, Any]
+) -> torch.nn.Module:
+    config = load_model_config(path, trust_remote_code, override_config)
     with torch.device("meta"):
         if kind == "value":
             config.num_labels = 1
@@ -157,17 +159,22 @@ def build_role_module(
     path = model_path(model_cfg)
     trust = bool(model_cfg.trust_remote_code)
     attn = model_cfg.attn_implementation
+    overrides = dict(model_cfg.override_config)
 
     def load_fn(device: torch.device) -> torch.nn.Module:
         if device.type == "meta":
-            model = _meta_model(kind, path, trust)
+            model = _meta_model(kind, path, trust, overrides)
         elif kind == "value":
-            model = load_value_model(path, attn_implementation=attn, trust_remote_code=trust, seed=seed)
+            model = load_value_model(
+                path, attn_implementation=attn, trust_remote_code=trust, seed=seed, override_config=overrides
+            )
             model.config.classifier_dropout = 0.0
             if hasattr(model, "dropout"):
                 model.dropout.p = 0.0
         else:
-            model = load_causal_lm(path, attn_implementation=attn, trust_remote_code=trust)
+            model = load_causal_lm(
+                path, attn_implementation=attn, trust_remote_code=trust, override_config=overrides
+            )
         if model_cfg.use_remove_padding:
             set_packed_attention(model)
         return model

@@ -98,7 +98,7 @@ def test_metric_values():
     batch, _, extra = _round(1, 0, [1.0, 0.0])
     assert filter_metric("acc", batch, extra).tolist() == [1.0, 0.0]
     assert filter_metric("seq_reward", batch, extra).tolist() == [1.0, 0.0]
-    with pytest.raises(ValueError, match="'accuracy' is not a numeric key.*'acc', 'score'"):
+    with pytest.raises(ValueError, match=r"'accuracy' is not a numeric key.*'acc', 'score'"):
         filter_metric("accuracy", batch, extra)
 
 
@@ -115,6 +115,6 @@ def test_metric_values():
     ],
 )
 def test_dynamic_sampling_settings_are_checked(overrides, message):
-    with pytest.raises(ValueError, match="algorithm.filter_groups|data.gen_batch_size") as err:
+    with pytest.raises(ValueError, match=r"algorithm\.filter_groups|data\.gen_batch_size") as err:
         _config(*overrides)
     assert message in str(err.value)

@@ -161,7 +161,10 @@ def test_interpolations_follow_the_actor():
         ("critic.optim.lrr=1.0", "unknown config key 'critic.optim.lrr' (did you mean 'critic.optim.lr'"),
         # a key typed under the wrong section: the keys that end the same way come first
         ("critic.fsdp.param_offload=true", "(did you mean 'critic.fsdp_config.param_offload' or"),
-        ("trainer.log_val_generations=10", "unknown config key 'trainer.log_val_generations' — every key"),
+        (
+            "trainer.ray_wait_register_center_timeout=300",
+            "unknown config key 'trainer.ray_wait_register_center_timeout' — every key",
+        ),
     ],
 )
 def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, message: str):

@@ -66,14 +66,20 @@ def test_config_reaches_the_manager_with_verl_spelling():
     buf = OverlongBuffer.from_reward_kwargs(dict(cfg.reward_model.reward_kwargs), 8)
     assert buf == OverlongBuffer(enable=True, len=4, penalty_factor=0.5, log=False, max_resp_len=8)
     # max_resp_len defaults to data.max_response_length
-    assert OverlongBuffer.from_reward_kwargs({"overlong_buffer_cfg": {"enable": True, "len": 2}}, 8).max_resp_len == 8
+    assert (
+        OverlongBuffer.from_reward_kwargs({"overlong_buffer_cfg": {"enable": True, "len": 2}}, 8).max_resp_len
+        == 8
+    )
 
 
 @pytest.mark.parametrize(
     "overrides, message",
     [
         (_dapo("overlong_buffer_cfg.enable=True", "overlong_buffer_cfg.len=0"), "overlong_buffer_cfg.len=0"),
-        (_dapo("overlong_buffer_cfg.enable=True", "overlong_buffer_cfg.len=4", "max_resp_len=64"), "max_resp_len=64"),
+        (
+            _dapo("overlong_buffer_cfg.enable=True", "overlong_buffer_cfg.len=4", "max_resp_len=64"),
+            "max_resp_len=64",
+        ),
         (_dapo("overlong_buffer_cfg.lenght=4"), "lenght"),
         (_dapo("max_len=4"), "max_len"),
         (["+reward_model.reward_kwargs.max_resp_len=8"], "naive reward manager takes no keyword"),
@@ -84,3 +90,13 @@ def test_bad_reward_manager_settings_are_refused_naming_the_key(overrides, messa
     with pytest.raises(ValueError, match="reward_model") as err:
         validate_config(load_config(overrides))
     assert message in str(err.value)
+
+
+def test_a_number_returned_by_the_score_function_is_also_logged_as_acc(tok):
+    def half(data_source, solution_str, ground_truth, extra_info=None):
+        return 0.5
+
+    out = DAPORewardManager(tok, num_examine=0, overlong=OverlongBuffer(), compute_score=half)(
+        make_batch(), return_dict=True
+    )
+    assert out["reward_extra_info"]["acc"] == [0.5] * 4

@@ -131,6 +131,20 @@ def test_throughput_and_mfu_arithmetic():
     # 4e12 FLOPs over 0.5 s on 2 workers = 4e12 FLOP/s per worker = half of the 8e12 peak
     assert m["perf/achieved_tflops/actor"] == pytest.approx(4.0, rel=1e-12)
     assert m["perf/mfu/actor"] == pytest.approx(0.5, rel=1e-12)
+    # the critic: 3e12 FLOPs over its 1.5 s update on its 1 worker = 2e12 FLOP/s = a quarter of the peak
+    timing["update_critic"] = 1.5
+    m = compute_throughput_metrics(
+        _batch(),
+        timing,
+        n_workers=2,
+        actor_flops=4e12,
+        peak_flops=8e12,
+        critic_flops=3e12,
+        n_critic_workers=1,
+    )
+    assert m["perf/mfu/critic"] == pytest.approx(0.25, rel=1e-12)
+    assert m["perf/achieved_tflops/critic"] == pytest.approx(2.0, rel=1e-12)
+    assert m["perf/mfu/actor"] == pytest.approx(0.5, rel=1e-12)
 
 
 def test_throughput_errors():
@@ -248,6 +262,8 @@ def test_flops_config_errors_and_head_dim():
     # an explicit head_dim (Qwen3 style) sets the attention width: q, o 8*(2*16); k, v 8*(1*16)
     shape = transformer_shape({**moe, "vocab_size": 5, "head_dim": 16, "num_key_value_heads": 1})
     assert count_matmul_params(shape) == 2 * 8 * 32 + 2 * 8 * 16 + 3 * 8 * 8 + 8 * 5
+    # the critic's value head has one output instead of the vocabulary's 5
+    assert count_matmul_params(shape, head_outputs=1) == 2 * 8 * 32 + 2 * 8 * 16 + 3 * 8 * 8 + 8 * 1
 
 
 # ---- peak FLOP/s --------------------------------------------------------------------------------------------

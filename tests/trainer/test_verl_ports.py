@@ -1,9 +1,9 @@
 """verl's example command lines run on rlflow with only environment edits.
 
-Each port keeps every key and value of the verl script (facts: its overrides) and changes only what the
-environment dictates: data and model paths (the embedded task and tiny model), GPU counts, batch sizes and
-sequence lengths that fit a 2-core CPU machine, vLLM -> the HF rollout (no GPU), no wandb. The edited
-overrides are marked ``# env``; ``trainer.total_training_steps=2`` is added so each port runs 2 steps.
+The override lists are in `tests/trainer/verl_scripts.py` (facts: each script's keys and values, the edits
+the environment dictates marked ``# env``). Every list composes and passes every pre-Ray check; one script
+per trainer family (PPO, GRPO, REINFORCE++, RLOO, ReMax, GPG, GMPO, DAPO) runs 2 steps
+(``trainer.total_training_steps=2`` added) and shows the metrics that family is about.
 """
 
 from __future__ import annotations
@@ -13,88 +13,41 @@ import math
 import pytest
 
 from rlflow.config import load_config
-from rlflow.trainer.main_ppo import run_ppo
+from rlflow.trainer.main_ppo import prepare_config, run_ppo
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
+from . import verl_scripts
+from .verl_scripts import (
+    DAPO_7B_MATH,
+    DEEPSEEK7B_SP2,
+    GMPO_QWEN3_8B,
+    GPG_QWEN2_7B_MATH,
+    GRPO_QWEN2_7B,
+    GRPO_QWEN2_7B_SEQ_BALANCE,
+    REINFORCE_PP_QWEN2_7B_MATH,
+    REMAX_QWEN25_3B_SEQ_BALANCE,
+    RLOO_QWEN2_7B,
+)
 
-# verl examples/ppo_trainer/run_deepseek7b_llm_sp2.sh: PPO, actor and critic Ulysses SP 2, gradient
-# checkpointing and remove-padding on both.
-DEEPSEEK7B_SP2 = [
-    "algorithm.adv_estimator=gae",
-    "data.train_batch_size=8",  # env: 1024
-    "data.max_prompt_length=32",  # env: 512
-    "data.max_response_length=8",  # env: 512
-    "data.filter_overlong_prompts=True",
-    "data.truncation='error'",
-    "actor_rollout_ref.actor.optim.lr=1e-6",
-    "actor_rollout_ref.model.use_remove_padding=True",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # env: 256
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",  # env: 32
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
-    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
-    "actor_rollout_ref.actor.use_kl_loss=False",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",  # env: 64
-    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # env: 4 GPUs
-    "actor_rollout_ref.rollout.name=hf",  # env: vllm needs a GPU
-    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
-    "critic.optim.lr=1e-5",
-    "critic.ulysses_sequence_parallel_size=2",
-    "critic.model.use_remove_padding=True",
-    "critic.model.enable_gradient_checkpointing=True",
-    "critic.ppo_micro_batch_size_per_gpu=2",  # env: 64
-    "critic.model.fsdp_config.param_offload=False",
-    "critic.model.fsdp_config.optimizer_offload=False",
-    "algorithm.use_kl_in_reward=False",
-    "trainer.critic_warmup=0",
-    "trainer.logger=[console]",  # env: console + wandb
-    "trainer.project_name='verl_example_gsm8k'",
-    "trainer.experiment_name='deepseek_llm_7b_function_rm_sp2'",
-    "trainer.n_gpus_per_node=2",  # env: 8
-    "trainer.nnodes=1",
-    "trainer.save_freq=20",
-    "trainer.test_freq=5",
-    "trainer.total_epochs=15",
-]
+PORTS = {name: value for name, value in vars(verl_scripts).items() if name.isupper()}
 
-# verl examples/gpg_trainer/run_qwen2-7b_math.sh: GPG advantages and loss (`use_gpg_loss`, verl's flag for
-# policy_loss.loss_mode=gpg), 5 responses per prompt, no KL.
-GPG_QWEN2_7B_MATH = [
-    "algorithm.adv_estimator=gpg",
-    "data.train_batch_size=8",  # env: 1024
-    "data.max_prompt_length=32",  # env: 1024
-    "data.max_response_length=8",  # env: 1024
-    "data.filter_overlong_prompts=True",
-    "data.truncation='error'",
-    "actor_rollout_ref.actor.optim.lr=1e-6",
-    "actor_rollout_ref.model.use_remove_padding=True",
-    "actor_rollout_ref.actor.use_gpg_loss=True",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # env: 256
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5",  # env: 16
-    "actor_rollout_ref.actor.use_kl_loss=False",
-    "actor_rollout_ref.actor.entropy_coeff=0",
-    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
-    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=5",  # env: 16
-    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # env: 2 GPUs
-    "actor_rollout_ref.rollout.name=hf",  # env: vllm needs a GPU
-    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
-    "actor_rollout_ref.rollout.n=5",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=5",  # env: 16
-    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
-    "algorithm.use_kl_in_reward=False",
-    "trainer.critic_warmup=0",
-    "trainer.logger=[console]",  # env: console + wandb
-    "trainer.project_name='verl_gpg_example_gsm8k_math'",
-    "trainer.experiment_name='qwen2_7b_function_rm'",
-    "trainer.n_gpus_per_node=2",  # env: 8
-    "trainer.nnodes=1",
-    "trainer.save_freq=20",
-    "trainer.test_freq=5",
-    "trainer.total_epochs=15",
-]
+
+@pytest.mark.parametrize("name", sorted(PORTS))
+def test_port_composes_and_passes_every_check(name):
+    prepare_config(load_config(PORTS[name]), build_warm_start=False)
+
+
+def test_the_async_rollout_mode_of_an_older_script_is_refused_saying_what_to_do():
+    with pytest.raises(ValueError, match=r"rollout\.mode='async'.*drop the key"):
+        prepare_config(
+            load_config([*GRPO_QWEN2_7B_SEQ_BALANCE, "actor_rollout_ref.rollout.mode=async"]),
+            build_warm_start=False,
+        )
+
+
+def _steps(history: list[dict]) -> list[dict]:
+    steps = [h for h in history if h["step"] > 0]
+    assert [h["step"] for h in steps] == [1, 2]
+    return steps
 
 
 def _local(tmp_path) -> list[str]:
@@ -105,6 +58,8 @@ def _local(tmp_path) -> list[str]:
     ]
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
 def test_deepseek7b_llm_sp2_runs_two_steps(tmp_path):
     cfg = load_config([*DEEPSEEK7B_SP2, *_local(tmp_path)])
     assert cfg.critic.fsdp_config.param_offload is False  # verl's critic.model.fsdp_config.* alias
@@ -118,6 +73,8 @@ def test_deepseek7b_llm_sp2_runs_two_steps(tmp_path):
     assert "val-core/rlflow/repeat/reward/mean@1" in steps[-1]  # test_freq=5: validated at the last step
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
 def test_gpg_qwen2_7b_math_runs_two_steps(tmp_path):
     cfg = load_config([*GPG_QWEN2_7B_MATH, *_local(tmp_path)])
     assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "gpg"  # verl's use_gpg_loss flag
@@ -129,3 +86,60 @@ def test_gpg_qwen2_7b_math_runs_two_steps(tmp_path):
         for key in ("actor/pg_loss", "actor/grad_norm", "critic/advantages/mean"):
             assert math.isfinite(h[key]), key
         assert h["actor/pg_clipfrac"] == 0.0  # GPG has no ratio to clip
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_grpo_and_reinforce_pp_ports_run_two_steps_with_their_kl_losses(tmp_path):
+    for name, overrides, kl_type in (
+        ("grpo", GRPO_QWEN2_7B, "low_var_kl"),
+        ("rf++", REINFORCE_PP_QWEN2_7B_MATH, "mse"),
+    ):
+        cfg = load_config([*overrides, *_local(tmp_path / name)])
+        assert cfg.actor_rollout_ref.actor.kl_loss_type == kl_type
+        for h in _steps(run_ppo(cfg)["history"]):
+            assert "critic/vf_loss" not in h
+            # both estimators are >= 0 per token; the actor moved away from the reference (lr 1e-6: a little)
+            assert 0 <= h["actor/kl_loss"] < 1e-3, name
+            assert h["actor/kl_coef"] == pytest.approx(0.001), name
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_rloo_and_remax_ports_run_two_steps_with_kl_in_the_reward(tmp_path):
+    for name, overrides in (("rloo", RLOO_QWEN2_7B), ("remax", REMAX_QWEN25_3B_SEQ_BALANCE)):
+        first, second = _steps(run_ppo(load_config([*overrides, *_local(tmp_path / name)]))["history"])
+        assert first["actor/reward_kl_penalty"] == pytest.approx(0.0, abs=1e-6), name
+        assert second["actor/reward_kl_penalty"] > 0, name
+        assert second["critic/rewards/mean"] < second["critic/score/mean"], name
+    assert "reward/baseline/mean" in second and "timing_s/gen_baseline" in second  # ReMax's greedy baseline
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_gmpo_port_runs_two_steps(tmp_path):
+    cfg = load_config([*GMPO_QWEN3_8B, *_local(tmp_path)])
+    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "geo_mean"
+    for h in _steps(run_ppo(cfg)["history"]):
+        for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss"):
+            assert math.isfinite(h[key]), key
+        assert 0.0 <= h["actor/pg_clipfrac"] <= 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_dapo_port_runs_two_steps_with_dynamic_sampling_and_the_overlong_buffer(tmp_path, capsys):
+    cfg = load_config([*DAPO_7B_MATH, *_local(tmp_path)])
+    assert cfg.reward_model.reward_kwargs["overlong_buffer_cfg"]["len"] == 4
+    assert dict(cfg.actor_rollout_ref.model.override_config) == {"max_position_embeddings": 32768}
+    steps = _steps(run_ppo(cfg)["history"])
+    for h in steps:
+        # rounds of 12 prompts until 4 have responses that differ in acc; the step trains on 4 x 4
+        assert 1 <= h["train/num_gen_batches"] <= 10
+        assert 0 < h["train/informative_prompt_fraction"] <= 1
+        assert h["response_length/mean"] > 0 and math.isfinite(h["actor/pg_loss"])
+    # validated before training (trainer.log_val_generations=10 prints 10 samples)
+    out = capsys.readouterr().out
+    assert "validation generations at step 0:" in out
+    block = out.split("validation generations at step 0:")[1].splitlines()[1:11]
+    assert all(line.startswith("  [score ") for line in block)
