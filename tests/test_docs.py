@@ -117,3 +117,58 @@ def test_documented_sft_commands_compose() -> None:
             load_sft_config([o for o in overrides if "=" in o])
             count += 1
     assert count >= 3
+
+
+_SECTIONS = "data|actor_rollout_ref|critic|reward_model|custom_reward_function|algorithm|trainer|ray_init"
+_GUIDE_KEY = re.compile(rf"`\+?((?:{_SECTIONS})\.[\w.]+)(=[^`]*)?")
+
+
+def _guide_keys(text: str) -> list[tuple[str, str | None]]:
+    """``(key, value or None)`` of every full config key the text names in backticks (a trailing ``.*`` or
+    ``.{a,b}`` names the section before it)."""
+    out = []
+    for key, value in _GUIDE_KEY.findall(text):
+        out.append((key.rstrip("."), value[1:] if value else None))
+    return out
+
+
+def _known(key: str) -> bool:
+    """A schema key or section, a key under a free-form section, or a verl alias of one."""
+    from rlflow.config.aliases import FLAG_ALIASES, canonical_key
+    from rlflow.config.schema import PPOTrainerConfig
+    from rlflow.config.suggest import schema_keys
+
+    keys, open_sections = schema_keys(PPOTrainerConfig)
+    key = canonical_key(key)
+    return key in keys or key in FLAG_ALIASES or any(key.startswith(s + ".") for s in open_sections)
+
+
+def _refused(key: str, value: str | None) -> bool:
+    from rlflow.config import validate_config
+
+    try:
+        validate_config(load_config([f"{key}={value if value is not None else 1}"]))
+    except ValueError:
+        return True
+    return False
+
+
+def test_migration_guide_names_only_keys_that_exist_or_are_refused() -> None:
+    """Every key of docs/migrating_from_verl.md exists in the schema (or is a verl alias); those the guide
+    says rlflow does not have ("—" in its column) are refused when a user passes them."""
+    text = (DOCS / "migrating_from_verl.md").read_text()
+    same = text.split("## Same as verl", 1)[1].split("## Keys that differ", 1)[0]
+    for key, _ in _guide_keys(same):
+        if key == "reward_model.ground_truth":  # a parquet column of the data files, not a config key
+            continue
+        assert _known(key), f"'Same as verl' names {key}, which rlflow does not have"
+    rows = re.findall(r"^\| (.+?) \| (.+?) \| (.*) \|$", text.split("## Keys that differ", 1)[1], flags=re.M)
+    checked = 0
+    for verl, ours, _note in rows[2:]:
+        for key, _ in _guide_keys(ours):
+            assert _known(key), f"the guide's rlflow column names {key}, which does not exist"
+        if ours.strip() == "—":
+            for key, value in _guide_keys(verl):
+                assert _refused(key, value), f"the guide says rlflow has no {key}, but it is accepted"
+                checked += 1
+    assert checked >= 10

@@ -94,7 +94,7 @@ class DataConfig:
     max_prompt_length: int = 32
     max_response_length: int = 8
     train_batch_size: int = 16
-    gen_batch_size: int = 16
+    gen_batch_size: int = II("data.train_batch_size")
     val_batch_size: int | None = None
     return_raw_chat: bool = False
     return_full_prompt: bool = False
