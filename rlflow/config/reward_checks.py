@@ -7,11 +7,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlflow.config.checks import at_least, flag, number, positive, value_at
 from rlflow.reward.dapo import OverlongBuffer
+from rlflow.reward.registry import check_reward_manager_kwargs, get_reward_manager_cls
 
 __all__ = ["FILTER_METRICS", "REWARD_MANAGERS", "check_filter_groups", "check_reward_model", "reward_kwargs"]
 
 REWARD_MANAGERS = ("naive", "dapo")
-"""``reward_model.reward_manager`` values: `rlflow.reward.NaiveRewardManager`, `rlflow.reward.DAPORewardManager`."""
+"""The built-in ``reward_model.reward_manager`` values (`rlflow.reward.NaiveRewardManager`,
+`rlflow.reward.DAPORewardManager`); others come from `rlflow.reward.registry`."""
 
 FILTER_METRICS = ("seq_reward", "seq_final_reward")
 """``algorithm.filter_groups.metric`` values computed from the rewards; any other name is read from the
@@ -38,10 +40,15 @@ def check_reward_model(cfg: DictConfig) -> None:
                 "overlong buffer needs reward_model.reward_manager=dapo)"
             )
     else:
-        raise ValueError(
-            f"reward_model.reward_manager={manager!r}: one of {list(REWARD_MANAGERS)} (verl's batch, prime "
-            "and async managers are not implemented; reward_model.num_workers scores in a process pool)"
-        )
+        cls = get_reward_manager_cls(str(manager))  # a user-registered one (external_lib), or an error
+        check_reward_manager_kwargs(str(manager), cls, kwargs)
+        for key in ("reward_model.num_workers", "reward_model.timeout_s"):
+            if value_at(cfg, key):
+                raise ValueError(
+                    f"{key}={value_at(cfg, key)!r} with reward_model.reward_manager={manager!r}: the scoring "
+                    f"pool belongs to the built-in managers {list(REWARD_MANAGERS)}; a registered manager "
+                    "scores in its own way"
+                )
     if flag(cfg, "reward_model.launch_reward_fn_async"):
         raise ValueError(
             "reward_model.launch_reward_fn_async=true is not supported; use reward_model.num_workers for a "

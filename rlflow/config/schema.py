@@ -117,6 +117,10 @@ class ModelConfig:
         use_remove_padding: pack the valid tokens of a micro-batch into one row (no padding compute).
         override_config: HF config attributes replaced when the model is built (actor, reference,
             rollout), e.g. ``+actor_rollout_ref.model.override_config.attention_dropout=0.0``.
+        external_lib: a module name, a ``.py`` file or a list of them, imported by the driver before the
+            config is validated and by every worker before it builds its model: modules that register HF
+            models, advantage estimators, policy losses or reward managers
+            (`rlflow.utils.import_utils.import_external_libs`).
     """
 
     path: str | None = None
@@ -126,6 +130,7 @@ class ModelConfig:
     use_remove_padding: bool = True
     enable_gradient_checkpointing: bool = False
     override_config: dict[str, Any] = field(default_factory=dict)
+    external_lib: Any = None
 
 
 @dataclass

@@ -19,6 +19,9 @@ _EXPORTS = {
     "NaiveRewardManager": "naive",
     "check_score": "naive",
     "ScoringPool": "pool",
+    "REWARD_MANAGER_REGISTRY": "registry",
+    "get_reward_manager_cls": "registry",
+    "register_reward_manager": "registry",
     "compute_rm_score": "reward_model",
 }
 

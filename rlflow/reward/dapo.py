@@ -23,6 +23,7 @@ import torch
 
 from rlflow.protocol import DataProto
 from rlflow.reward.naive import NaiveRewardManager
+from rlflow.reward.registry import register_reward_manager
 
 __all__ = ["DAPORewardManager", "OverlongBuffer", "overlong_penalty"]
 
@@ -113,6 +114,7 @@ class OverlongBuffer:
         return buf
 
 
+@register_reward_manager("dapo")
 class DAPORewardManager(NaiveRewardManager):
     """`NaiveRewardManager` whose scores get DAPO's overlong penalty (`overlong_penalty`).
 

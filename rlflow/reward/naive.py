@@ -21,6 +21,7 @@ import torch
 from rlflow.protocol import DataProto
 from rlflow.reward.default import default_compute_score
 from rlflow.reward.pool import ScoringPool
+from rlflow.reward.registry import register_reward_manager
 
 __all__ = ["NaiveRewardManager", "check_score"]
 
@@ -64,6 +65,7 @@ def check_score(result: Any, index: int, fn_label: str) -> tuple[float, dict[str
     return float(value), extra
 
 
+@register_reward_manager("naive")
 class NaiveRewardManager:
     """Rule-based rewards, one score function call per sample (verl's ``NaiveRewardManager``).
 

@@ -41,8 +41,10 @@ def prepare_config(cfg: DictConfig, build_warm_start: bool = True) -> DictConfig
     from rlflow.models.loader import load_model_config
     from rlflow.models.tiny import TINY_MODEL_SENTINEL, resolve_model_path
     from rlflow.trainer.warm_start import ensure_warm_start, warm_start_task
+    from rlflow.utils.import_utils import import_external_libs
 
     cfg = apply_critic_config_file(cfg)
+    import_external_libs(cfg.actor_rollout_ref.model.external_lib)  # registers names validation checks
     model, task = cfg.actor_rollout_ref.model, str(cfg.data.task)
     critic = cfg.critic.model
     actor_warm = warm_start_task(model.path, task)
@@ -96,15 +98,22 @@ def build_data(config: PPOTrainerConfig, tokenizer: Any) -> tuple[Any, Any]:
 
 def build_reward_fns(config: PPOTrainerConfig, tokenizer: Any) -> tuple[Any, Any]:
     """Reward managers for training and validation (``reward_model.reward_manager`` with its
-    ``reward_kwargs``; the custom score function if configured)."""
-    from rlflow.reward import DAPORewardManager, NaiveRewardManager, OverlongBuffer, get_custom_reward_fn
+    ``reward_kwargs``; the custom score function if configured). The built-in managers score in a process
+    pool with ``reward_model.num_workers``; a registered one is built with verl's arguments."""
+    from rlflow.reward import OverlongBuffer, get_custom_reward_fn, get_reward_manager_cls
 
     custom = get_custom_reward_fn(config.custom_reward_function)
     rm = config.reward_model
+    name = str(rm.reward_manager)
+    manager = get_reward_manager_cls(name)
     common: dict[str, Any] = {"compute_score": custom, "reward_fn_key": str(config.data.reward_fn_key)}
-    manager: Any = NaiveRewardManager
-    if str(rm.reward_manager) == "dapo":
-        manager = DAPORewardManager
+    if name not in ("naive", "dapo"):
+        kwargs = {**common, **dict(rm.reward_kwargs)}
+        return (
+            manager(tokenizer=tokenizer, num_examine=0, **kwargs),
+            manager(tokenizer=tokenizer, num_examine=1, **kwargs),
+        )
+    if name == "dapo":
         common["overlong"] = OverlongBuffer.from_reward_kwargs(
             dict(rm.reward_kwargs), int(config.data.max_response_length)
         )

@@ -15,7 +15,9 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
-__all__ = ["import_file", "load_function"]
+__all__ = ["EXTERNAL_LIB_KEY", "external_lib_entries", "import_external_libs", "import_file", "load_function"]
+
+EXTERNAL_LIB_KEY = "actor_rollout_ref.model.external_lib"
 
 
 def import_file(path: str | os.PathLike, key: str) -> ModuleType:
@@ -71,3 +73,49 @@ def load_function(path: str | os.PathLike, name: str, prefix: str) -> Callable:
     if not callable(fn):
         raise ValueError(f"{prefix}.name={name!r} in {str(path)!r} is a {type(fn).__name__}, not callable")
     return fn
+
+
+def external_lib_entries(value: object) -> list[str]:
+    """The entries of ``actor_rollout_ref.model.external_lib``: None, one string or a list of strings."""
+    if value is None or value == "":
+        return []
+    if isinstance(value, str):
+        return [value]
+    try:
+        entries = [str(v) for v in value]  # type: ignore[union-attr]
+    except TypeError:
+        raise ValueError(
+            f"{EXTERNAL_LIB_KEY}={value!r}: a module name, a .py file or a list of them"
+        ) from None
+    return entries
+
+
+def import_external_libs(value: object) -> list[ModuleType]:
+    """Import the user's modules named by ``actor_rollout_ref.model.external_lib`` (verl's key for the
+    modules that register HF models; in rlflow also the modules that register advantage estimators,
+    policy losses and reward managers). The driver imports them before it validates the config, so the
+    names they register are accepted, and every worker before it builds its model.
+
+    Args:
+        value: None, or one entry or a list of them: an importable module name (``my_pkg.rl_ext``) or a
+            path to a ``.py`` file.
+
+    Returns:
+        The modules, in order.
+
+    Raises:
+        ValueError: naming the key and the entry that cannot be imported.
+    """
+    modules = []
+    for entry in external_lib_entries(value):
+        if entry.endswith(".py") or os.sep in entry:
+            modules.append(import_file(entry, EXTERNAL_LIB_KEY))
+            continue
+        try:
+            modules.append(importlib.import_module(entry))
+        except Exception as err:
+            raise ValueError(
+                f"{EXTERNAL_LIB_KEY}: cannot import {entry!r}: {type(err).__name__}: {err} (a module on "
+                "the Python path of the driver and of every worker, or a path to a .py file)"
+            ) from err
+    return modules

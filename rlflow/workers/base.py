@@ -24,6 +24,7 @@ from rlflow.parallel.distributed import current_device
 from rlflow.parallel.sharded import load_optimizer_to_device, offload_optimizer_to_cpu
 from rlflow.protocol import DataProto
 from rlflow.single_controller import Dispatch, Worker, register
+from rlflow.utils.import_utils import import_external_libs
 from rlflow.workers.role_setup import (
     RoleLayout,
     build_role_module,
@@ -55,6 +56,7 @@ class RoleWorker(Worker):
         super().__init__()
         if tracking_enabled():
             track_reads(config)
+        import_external_libs(config.actor_rollout_ref.model.external_lib)  # the user's registrations
         self.config = config
         self.total_training_steps = int(total_training_steps)
         self.module: torch.nn.Module | None = None
