@@ -116,6 +116,8 @@ def agg_loss(
     global_seq_num: Count | None = None,
     dp_size: int = 1,
     loss_scale_factor: float | None = None,
+    batch_num_tokens: Count | None = None,
+    global_batch_size: Count | None = None,
 ) -> torch.Tensor:
     """Aggregate a per-token loss into a scalar; with global counts, exact under any batch split.
 
@@ -150,10 +152,14 @@ def agg_loss(
         dp_size: data-parallel ranks whose gradients are averaged; must be 1 unless the global count of
             the mode is given (ValueError otherwise: the scaling would be meaningless).
         loss_scale_factor: divisor of each sequence sum for ``seq-mean-token-sum-norm``.
+        batch_num_tokens / global_batch_size: verl's names of ``global_token_num`` / ``global_seq_num``
+            (its losses call ``agg_loss(..., **config.global_batch_info)``); give one name of each.
 
     Returns:
         Scalar loss tensor; 0 (with zero gradient) when the denominator is 0.
     """
+    global_token_num = _one_of("global_token_num", global_token_num, "batch_num_tokens", batch_num_tokens)
+    global_seq_num = _one_of("global_seq_num", global_seq_num, "global_batch_size", global_batch_size)
     if loss_agg_mode not in AGG_LOSS_MODES:
         raise ValueError(f"invalid loss_agg_mode {loss_agg_mode!r}; choose one of {AGG_LOSS_MODES}")
     if loss_mat.shape != loss_mask.shape:
@@ -181,6 +187,12 @@ def agg_loss(
             )
         return total / _positive_or_one(local_count, loss_mat)
     return total / _positive_or_one(global_count, loss_mat) * dp_size
+
+
+def _one_of(name: str, value: Count | None, verl_name: str, verl_value: Count | None) -> Count | None:
+    if value is not None and verl_value is not None:
+        raise ValueError(f"agg_loss: give {name} or verl's {verl_name}, not both")
+    return value if value is not None else verl_value
 
 
 # ----------------------------------------------------------------------------------------------------

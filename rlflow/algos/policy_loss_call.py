@@ -6,8 +6,12 @@ and averaging over ranks gives the loss of the whole mini-batch, and return verl
 ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)``. A loss written for verl >= 0.9 returns
 ``(pg_loss, metrics)`` with ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower`` (and
 any others), and one written for verl (either version) knows nothing of the global counts: it returns the
-*local* aggregate of its micro-batch. `PolicyLossCall` accepts both return shapes and rescales a local
-aggregate to its share of the mini-batch's, so such a loss keeps batch invariance (DESIGN invariant 1).
+*local* aggregate of its micro-batch — unless it aggregates as verl's current losses do, with
+``agg_loss(..., **config.global_batch_info)``: the ``config`` such a loss receives carries
+``global_batch_info`` (verl's keys ``dp_size``, ``batch_num_tokens``, ``global_batch_size``,
+``loss_scale_factor``, holding the mini-batch's counts). `PolicyLossCall` accepts both return shapes, and
+rescales a local aggregate to its share of the mini-batch's when the loss did not read
+``global_batch_info``, so every such loss keeps batch invariance (DESIGN invariant 1).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["PolicyLossCall"]
+__all__ = ["GlobalBatchInfo", "PolicyLossCall"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +90,8 @@ class PolicyLossCall:
         Returns:
             ``(pg_loss, metrics)``: the scalar loss and ``actor/...`` metrics (token-weighted means).
         """
+        info = GlobalBatchInfo(counts)
+        config = _LossConfig(config, info)
         args = [old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config]
         kwargs: dict[str, Any] = dict(counts) if self.takes_counts else {}
         if self.takes_weights:
@@ -95,15 +101,15 @@ class PolicyLossCall:
                 f"actor.tis_imp_ratio_cap > 0 needs a policy loss with a rollout_is_weights parameter; "
                 f"{self.name!r} has none"
             )
-        if not self.takes_counts and loss_agg_mode not in _LOCAL_MODES:
-            raise ValueError(
-                f"actor.loss_agg_mode={loss_agg_mode!r} needs a policy loss that takes the global counts "
-                f"({', '.join(_COUNT_KWARGS)}); {self.name!r} does not (supported without them: "
-                f"{', '.join(_LOCAL_MODES)})"
-            )
         out = self.fn(*args, **kwargs)
         pg_loss, metrics = self._unpack(out)
-        if not self.takes_counts:
+        if not self.takes_counts and not info.read:
+            if loss_agg_mode not in _LOCAL_MODES:
+                raise ValueError(
+                    f"actor.loss_agg_mode={loss_agg_mode!r} needs a policy loss that takes the global counts "
+                    f"({', '.join(_COUNT_KWARGS)}) or aggregates with config.global_batch_info; "
+                    f"{self.name!r} does neither (supported without them: {', '.join(_LOCAL_MODES)})"
+                )
             pg_loss = pg_loss * _local_share(response_mask, loss_agg_mode, counts)
         return pg_loss, metrics
 
@@ -117,6 +123,54 @@ class PolicyLossCall:
             f"{f' of length {len(out)}' if isinstance(out, tuple) else ''}; expected verl's (pg_loss, "
             f"pg_clipfrac, ppo_kl, pg_clipfrac_lower) or (pg_loss, metrics dict)"
         )
+
+
+class GlobalBatchInfo(Mapping):
+    """verl's ``config.global_batch_info`` of one micro-batch: the mini-batch's counts under verl's keys,
+    remembering whether the loss read them (then its result is already its share of the mini-batch's).
+
+    Args:
+        counts: `rlflow.engine.ppo_loop.loss_normalisers` of the mini-batch.
+    """
+
+    def __init__(self, counts: Mapping[str, Any]) -> None:
+        self._values = {
+            "dp_size": counts["dp_size"],
+            "batch_num_tokens": counts["global_token_num"],
+            "global_batch_size": counts["global_seq_num"],
+            "loss_scale_factor": counts["loss_scale_factor"],
+        }
+        self.read = False
+
+    def __getitem__(self, key: str) -> Any:
+        self.read = True
+        return self._values[key]
+
+    def __iter__(self) -> Any:
+        self.read = True
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def keys(self) -> Any:
+        self.read = True
+        return self._values.keys()
+
+
+class _LossConfig:
+    """The actor config as a registered loss sees it: every attribute of the config, plus
+    ``global_batch_info``."""
+
+    def __init__(self, config: Any, info: GlobalBatchInfo) -> None:
+        self._config, self.global_batch_info = config, info
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """Dict-style access, as verl's config objects allow."""
+        return self.global_batch_info if name == "global_batch_info" else getattr(self._config, name, default)
 
 
 def _local_share(response_mask: torch.Tensor, loss_agg_mode: str, counts: Mapping[str, Any]) -> torch.Tensor:

@@ -36,6 +36,15 @@ def verl_08_style(old_log_prob, log_prob, advantages, response_mask, loss_agg_mo
     return loss, zero, zero, zero
 
 
+def verl_current_style(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights=None
+):
+    """A loss written for verl's current convention: ``agg_loss(..., **config.global_batch_info)``."""
+    ratio = torch.exp(log_prob - old_log_prob)
+    loss = agg_loss(-advantages * ratio, response_mask, loss_agg_mode, **config.global_batch_info)
+    return loss, {"actor/pg_clipfrac": 0.0}
+
+
 def _batch(seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.float32)
@@ -61,6 +70,37 @@ def test_a_loss_without_global_counts_sums_over_micro_batches_to_the_mini_batch_
     torch.testing.assert_close(grad_split, grad_whole, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize(
+    "mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+)
+def test_a_loss_aggregating_with_verls_global_batch_info_is_not_rescaled_again(mode):
+    old, new, adv, mask = _batch()
+    counts = loss_normalisers({"response_mask": mask, "responses": mask}, None)
+    call = PolicyLossCall(verl_current_style, "current")
+    assert not call.takes_counts  # verl's parameters only: its counts come from config.global_batch_info
+    # the local aggregate of the whole mini-batch (loss_scale_factor: the response width, 4)
+    whole = agg_loss(-adv * torch.exp(new - old), mask, mode, loss_scale_factor=4)
+    split = sum(
+        call(old[s], new[s], adv[s], mask[s], mode, CFG, None, counts)[0] for s in (slice(0, 1), slice(1, 4))
+    )
+    torch.testing.assert_close(split, whole, rtol=1e-6, atol=1e-7)
+    (grad_split,) = torch.autograd.grad(split, new)
+    (grad_whole,) = torch.autograd.grad(whole, new)
+    torch.testing.assert_close(grad_split, grad_whole, rtol=1e-6, atol=1e-7)
+
+
+def test_verl_keyword_names_of_agg_loss():
+    _, new, adv, mask = _batch()
+    ours = agg_loss(adv * new, mask, "token-mean", global_token_num=20, dp_size=2)
+    torch.testing.assert_close(agg_loss(adv * new, mask, "token-mean", batch_num_tokens=20, dp_size=2), ours)
+    ours = agg_loss(adv * new, mask, "seq-mean-token-sum", global_seq_num=8, dp_size=2)
+    torch.testing.assert_close(
+        agg_loss(adv * new, mask, "seq-mean-token-sum", global_batch_size=8, dp_size=2), ours
+    )
+    with pytest.raises(ValueError, match="global_token_num or verl's batch_num_tokens, not both"):
+        agg_loss(adv, mask, "token-mean", global_token_num=20, batch_num_tokens=20)
+
+
 def test_return_shapes_become_one_metrics_dict():
     old, new, adv, mask = _batch()
     counts = loss_normalisers({"response_mask": mask, "responses": mask}, None)
@@ -78,7 +118,7 @@ def test_return_shapes_become_one_metrics_dict():
 def test_what_cannot_work_is_refused_naming_the_loss():
     old, new, adv, mask = _batch()
     counts = loss_normalisers({"response_mask": mask, "responses": mask}, None)
-    with pytest.raises(ValueError, match=r"seq-mean-token-sum-norm.*'v08' does not"):
+    with pytest.raises(ValueError, match=r"seq-mean-token-sum-norm.*'v08' does neither"):
         PolicyLossCall(verl_08_style, "v08")(
             old, new, adv, mask, "seq-mean-token-sum-norm", CFG, None, counts
         )
