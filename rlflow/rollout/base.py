@@ -209,7 +209,15 @@ def build_rollout_output(
 
 
 class BaseRollout(ABC):
-    """A rollout engine: ``generate_sequences(prompts) -> DataProto`` in the format of `build_rollout_output`."""
+    """A rollout engine: ``generate_sequences(prompts) -> DataProto`` in the format of `build_rollout_output`.
+
+    Attributes:
+        last_weight_sync_s: seconds the last call spent bringing the actor's current weights into the
+            engine (gathering the generation replica, loading vLLM's weights); None when it needs none
+            (an unsharded module decodes with its own weights). Logged as ``timing_s/update_weights``.
+    """
+
+    last_weight_sync_s: float | None = None
 
     @abstractmethod
     def generate_sequences(self, prompts: DataProto) -> DataProto:

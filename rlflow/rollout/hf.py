@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -356,9 +357,11 @@ class HFRollout(BaseRollout):
             with _eval_mode(self.module) as model:
                 yield model
             return
+        start = time.perf_counter()
         if self.replica is None:
             self.replica = build_generation_replica(self.module, self._replica_dtype())
         sync_replica_weights(self.module, self.replica)
+        self.last_weight_sync_s = time.perf_counter() - start
         try:
             yield self.replica
         finally:

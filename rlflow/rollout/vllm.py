@@ -30,6 +30,7 @@ How it works, and the choices that keep it consistent with the trainer:
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -222,9 +223,11 @@ class VLLMRollout(BaseRollout):
         sampling = [
             vllm.SamplingParams(**to_vllm_sampling_kwargs(params, int(k), logprobs, eos)) for k in keys
         ]
+        start = time.perf_counter()
         if self.config.free_cache_engine:
             self.engine.wake_up()
         self.sync_weights()
+        self.last_weight_sync_s = time.perf_counter() - start
         outputs = self.engine.generate(requests, sampling_params=sampling, use_tqdm=False)
         if self.config.free_cache_engine:
             self.engine.sleep(level=1)

@@ -60,6 +60,8 @@ class ActorRolloutWorker(RoleWorker):
         metrics: dict[str, float] = {}
         with timed_call("actor/generate", metrics):
             out = self.rollout.generate_sequences(prompts)
+        if self.rollout.last_weight_sync_s is not None:  # verl's name for the weight sync into the engine
+            metrics["timing_s/update_weights"] = float(self.rollout.last_weight_sync_s)
         out.meta_info.setdefault("metrics", {}).update(metrics)
         return out
 

@@ -70,6 +70,7 @@ def test_deepseek7b_llm_sp2_runs_two_steps(tmp_path):
     for h in steps:
         for key in ("actor/pg_loss", "critic/vf_loss", "actor/grad_norm", "critic/grad_norm"):
             assert math.isfinite(h[key]), key
+        assert 0 < h["perf/mfu/critic"] < 1 and 0 < h["perf/mfu/actor"] < 1
     assert "val-core/rlflow/repeat/reward/mean@1" in steps[-1]  # test_freq=5: validated at the last step
 
 
@@ -124,6 +125,7 @@ def test_gmpo_port_runs_two_steps(tmp_path):
         for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss"):
             assert math.isfinite(h[key]), key
         assert 0.0 <= h["actor/pg_clipfrac"] <= 1.0
+        assert h["timing_s/update_weights"] > 0  # the FSDP shards gathered into the generation replica
 
 
 @pytest.mark.slow
