@@ -548,6 +548,8 @@ class TrainerConfig:
             matmul rate on CPU.
         validation_data_dir: write each validation's prompts, responses and scores to
             ``<dir>/<step>.jsonl`` (read them with ``python scripts/view_rollouts.py``); None = off.
+        rollout_data_dir: write each step's training responses (prompt, response, score, uid) to
+            ``<dir>/<step>.jsonl``, read by ``python scripts/view_rollouts.py``; None = off.
         log_val_generations: log the first N validation samples (prompt, response, score) to the
             loggers at every validation: printed on the console, appended to
             ``<log_dir>/val_generations.jsonl``, a text table in tensorboard, a wandb table; 0 = off.
@@ -580,6 +582,7 @@ class TrainerConfig:
     worker_start_timeout_s: float = 600
     peak_tflops: float | None = None
     validation_data_dir: str | None = None
+    rollout_data_dir: str | None = None
     log_val_generations: int = 0
     use_legacy_worker_impl: str = "auto"
 

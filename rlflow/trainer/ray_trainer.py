@@ -216,6 +216,9 @@ class RayPPOTrainer:
         with _timer("step", timing):
             batch, sample_metrics = self._sample(batch, timing, more)
             metrics.update(sample_metrics)
+            if self.config.trainer.rollout_data_dir:
+                with _timer("dump_rollout", timing):
+                    self._dump_rollouts(batch)
             self._balance(batch)
             if self.recompute_old_log_prob:
                 with _timer("old_log_prob", timing):
@@ -523,6 +526,24 @@ class RayPPOTrainer:
         if "data_source" in batch.non_tensor_batch:
             columns["data_source"] = [str(x) for x in batch.non_tensor_batch["data_source"]]
         return columns
+
+    def _dump_rollouts(self, batch: DataProto) -> None:
+        """``trainer.rollout_data_dir``: the step's scored responses (after dynamic sampling, before the
+        update) to ``<dir>/<step>.jsonl``, with their uid (responses of one prompt share it)."""
+        from rlflow.logging.rollout_viewer import dump_generations
+
+        scores = batch.batch["token_level_scores"].sum(-1).tolist()
+        columns = self._decode_samples([(batch, scores)])
+        extra = {k: v for k, v in columns.items() if k not in ("prompt", "response", "score")}
+        extra["uid"] = [str(u) for u in batch.non_tensor_batch["uid"]]
+        dump_generations(
+            str(self.config.trainer.rollout_data_dir),
+            self.global_steps,
+            columns["prompt"],
+            columns["response"],
+            columns["score"],
+            extra,
+        )
 
     def _record_generations(self, parts: list[tuple[DataProto, list[float]]]) -> None:
         """``trainer.validation_data_dir``: every validation sample to ``<dir>/<step>.jsonl``;

@@ -185,6 +185,7 @@ def test_grpo_without_critic(tmp_path):
             "trainer.test_freq=1",
             "data.val_batch_size=100",
             f"trainer.validation_data_dir={gens}",
+            f"trainer.rollout_data_dir={tmp_path / 'rollouts'}",
             # two sampled validation responses per prompt: mean@2, best@2, pass@1/2
             "actor_rollout_ref.rollout.val_kwargs.n=2",
             "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
@@ -198,6 +199,12 @@ def test_grpo_without_critic(tmp_path):
     assert "critic/advantages/mean" in last
     assert "timing_s/old_log_prob" not in last, "the compute_log_prob pass ran for an on-policy update"
     assert last["actor/ppo_kl"] == 0.0 and 0.0 < last["actor/entropy"] < math.log(272)
+    train_rows = load_rollouts(tmp_path / "rollouts" / "1.jsonl")  # the step's 8 prompts x 2 responses
+    assert (
+        len(train_rows) == 16 and [r["uid"] for r in train_rows][::2] == [r["uid"] for r in train_rows][1::2]
+    )
+    train_mean = sum(r["score"] for r in train_rows) / 16
+    assert train_mean == pytest.approx(last["critic/score/mean"], abs=1e-6)
     rows = load_rollouts(gens / "1.jsonl")
     assert len(rows) == 2 * 256  # the whole validation split, over 3 validation batches, 2 responses each
     assert {"prompt", "response", "score", "ground_truth", "data_source"} <= set(rows[0])
