@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlflow.config.trainer_schema import RayInitConfig, TrainerConfig
+
 
 def II(path: str) -> str:
     """An interpolation default, ``${path}`` (OmegaConf's ``II``; resolved when the config is composed)."""
@@ -527,73 +529,6 @@ class AlgorithmConfig:
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     custom_advantage_function: CustomFunctionConfig = field(default_factory=CustomFunctionConfig)
-
-
-@dataclass
-class TrainerConfig:
-    """``trainer``: run length, resources, logging, checkpoints.
-
-    Attributes:
-        n_gpus_per_node: ranks per node (processes on CPU).
-        device: auto | cpu | cuda.
-        logger: any of console, jsonl, tensorboard, wandb.
-        log_dir: None = ``outputs/<project_name>/<experiment_name>``.
-        total_training_steps: None = ``total_epochs`` times the steps per epoch.
-        save_freq / test_freq: every N steps; -1 = never.
-        critic_warmup: first steps that train only the critic.
-        worker_start_timeout_s: bound on starting every role's actors and building their models; a
-            heartbeat line names what is still pending every 30 s, then an error names the role.
-        resume_mode: auto | disable | resume_path (then ``resume_from_path`` is the checkpoint dir).
-        peak_tflops: peak TFLOP/s of one worker for the MFU; None = datasheet table on GPU, measured
-            matmul rate on CPU.
-        validation_data_dir: write each validation's prompts, responses and scores to
-            ``<dir>/<step>.jsonl`` (read them with ``python scripts/view_rollouts.py``); None = off.
-        rollout_data_dir: write each step's training responses (prompt, response, score, uid) to
-            ``<dir>/<step>.jsonl``, read by ``python scripts/view_rollouts.py``; None = off.
-        log_val_generations: log the first N validation samples (prompt, response, score) to the
-            loggers at every validation: printed on the console, appended to
-            ``<log_dir>/val_generations.jsonl``, a text table in tensorboard, a wandb table; 0 = off.
-        use_legacy_worker_impl: verl's choice between its two worker implementations; rlflow has one
-            (`rlflow.workers`), so ``auto`` and ``disable`` run it and ``enable`` is refused.
-    """
-
-    project_name: str = "rlflow"
-    experiment_name: str = "tiny_ppo"
-    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
-    log_dir: str | None = None
-    nnodes: int = 1
-    n_gpus_per_node: int = 2
-    device: str = "auto"
-    cpus_per_worker: float = 1.0
-    total_epochs: int = 1000
-    total_training_steps: int | None = 100
-    save_freq: int = -1
-    test_freq: int = 10
-    val_before_train: bool = True
-    critic_warmup: int = 0
-    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
-    resume_mode: str = "auto"
-    resume_from_path: str | None = None
-    max_actor_ckpt_to_keep: int | None = None
-    max_critic_ckpt_to_keep: int | None = None
-    balance_batch: bool = True
-    seed: int = 1
-    placement_timeout_s: float = 60
-    worker_start_timeout_s: float = 600
-    peak_tflops: float | None = None
-    validation_data_dir: str | None = None
-    rollout_data_dir: str | None = None
-    log_val_generations: int = 0
-    use_legacy_worker_impl: str = "auto"
-
-
-@dataclass
-class RayInitConfig:
-    """``ray_init``: arguments of ``ray.init`` (None = Ray's default; address None = a local Ray)."""
-
-    address: str | None = None
-    num_cpus: int | None = None
-    object_store_memory: int | None = None
 
 
 @dataclass

@@ -32,6 +32,7 @@ from rlflow.protocol import DataProto
 from rlflow.single_controller.futures import DataProtoFuture
 from rlflow.trainer.checkpointing import TrainerCheckpointer
 from rlflow.trainer.dynamic_sampling import OutOfData, Round, sample_informative_groups
+from rlflow.trainer.generations import dump_rollouts, record_validation
 from rlflow.trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
@@ -218,7 +219,9 @@ class RayPPOTrainer:
             metrics.update(sample_metrics)
             if self.config.trainer.rollout_data_dir:
                 with _timer("dump_rollout", timing):
-                    self._dump_rollouts(batch)
+                    dump_rollouts(
+                        self.tokenizer, str(self.config.trainer.rollout_data_dir), self.global_steps, batch
+                    )
             self._balance(batch)
             if self.recompute_old_log_prob:
                 with _timer("old_log_prob", timing):
@@ -502,72 +505,16 @@ class RayPPOTrainer:
             if record:
                 dumped.append((batch, seq_scores))
         if dumped:
-            self._record_generations(dumped)
-        return validation_metrics(sources_all, scores_all, n)
-
-    def _decode_samples(self, parts: list[tuple[DataProto, list[float]]]) -> dict[str, list[Any]]:
-        """Decoded ``prompt`` and ``response``, ``score``, and ``ground_truth`` / ``data_source`` when known,
-        one entry per sample."""
-        batch = DataProto.concat([b.select(meta_info_keys=[]) for b, _ in parts])
-        prompt_len = batch.batch["prompts"].shape[-1]
-        mask = batch.batch["attention_mask"].bool()
-        decode = self.tokenizer.decode
-        columns: dict[str, list[Any]] = {
-            "prompt": [decode(ids[m[:prompt_len]].tolist()) for ids, m in zip(batch.batch["prompts"], mask)],
-            "response": [
-                decode(ids[m[prompt_len:]].tolist()) for ids, m in zip(batch.batch["responses"], mask)
-            ],
-            "score": [s for _, part in parts for s in part],
-        }
-        if "reward_model" in batch.non_tensor_batch:
-            columns["ground_truth"] = [
-                str(r.get("ground_truth")) for r in batch.non_tensor_batch["reward_model"]
-            ]
-        if "data_source" in batch.non_tensor_batch:
-            columns["data_source"] = [str(x) for x in batch.non_tensor_batch["data_source"]]
-        return columns
-
-    def _dump_rollouts(self, batch: DataProto) -> None:
-        """``trainer.rollout_data_dir``: the step's scored responses (after dynamic sampling, before the
-        update) to ``<dir>/<step>.jsonl``, with their uid (responses of one prompt share it)."""
-        from rlflow.logging.rollout_viewer import dump_generations
-
-        scores = batch.batch["token_level_scores"].sum(-1).tolist()
-        columns = self._decode_samples([(batch, scores)])
-        extra = {k: v for k, v in columns.items() if k not in ("prompt", "response", "score")}
-        extra["uid"] = [str(u) for u in batch.non_tensor_batch["uid"]]
-        dump_generations(
-            str(self.config.trainer.rollout_data_dir),
-            self.global_steps,
-            columns["prompt"],
-            columns["response"],
-            columns["score"],
-            extra,
-        )
-
-    def _record_generations(self, parts: list[tuple[DataProto, list[float]]]) -> None:
-        """``trainer.validation_data_dir``: every validation sample to ``<dir>/<step>.jsonl``;
-        ``trainer.log_val_generations``: the first N samples (the same prompts at every validation) to
-        the tracker's ``log_generations``."""
-        from rlflow.logging.rollout_viewer import dump_generations
-
-        columns = self._decode_samples(parts)
-        trainer = self.config.trainer
-        if trainer.validation_data_dir:
-            extra = {k: v for k, v in columns.items() if k not in ("prompt", "response", "score")}
-            dump_generations(
-                str(trainer.validation_data_dir),
+            trainer = self.config.trainer
+            record_validation(
+                self.tokenizer,
+                dumped,
                 self.global_steps,
-                columns["prompt"],
-                columns["response"],
-                columns["score"],
-                extra,
+                trainer.validation_data_dir,
+                int(trainer.log_val_generations),
+                self.tracker,
             )
-        keep = int(trainer.log_val_generations)
-        if keep > 0 and hasattr(self.tracker, "log_generations"):
-            count = min(keep, len(columns["score"]))
-            samples = [{k: v[i] for k, v in columns.items()} for i in range(count)]
-            self.tracker.log_generations(samples, step=self.global_steps)
+        return validation_metrics(sources_all, scores_all, n)
 
     # ---- checkpoints ----------------------------------------------------------------------------------
 
