@@ -7,13 +7,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlflow.config.checks import at_least, flag, number, positive, value_at
 from rlflow.reward.dapo import OverlongBuffer
-from rlflow.reward.registry import check_reward_manager_kwargs, get_reward_manager_cls
+from rlflow.reward.registry import (
+    BUILTIN_REWARD_MANAGERS,
+    check_reward_manager_kwargs,
+    get_reward_manager_cls,
+)
 
-__all__ = ["FILTER_METRICS", "REWARD_MANAGERS", "check_filter_groups", "check_reward_model", "reward_kwargs"]
-
-REWARD_MANAGERS = ("naive", "dapo")
-"""The built-in ``reward_model.reward_manager`` values (`rlflow.reward.NaiveRewardManager`,
-`rlflow.reward.DAPORewardManager`); others come from `rlflow.reward.registry`."""
+__all__ = ["FILTER_METRICS", "check_filter_groups", "check_reward_model", "reward_kwargs"]
 
 FILTER_METRICS = ("seq_reward", "seq_final_reward")
 """``algorithm.filter_groups.metric`` values computed from the rewards; any other name is read from the
@@ -46,7 +46,7 @@ def check_reward_model(cfg: DictConfig) -> None:
             if value_at(cfg, key):
                 raise ValueError(
                     f"{key}={value_at(cfg, key)!r} with reward_model.reward_manager={manager!r}: the scoring "
-                    f"pool belongs to the built-in managers {list(REWARD_MANAGERS)}; a registered manager "
+                    f"pool belongs to the built-in managers {list(BUILTIN_REWARD_MANAGERS)}; a registered manager "
                     "scores in its own way"
                 )
     if flag(cfg, "reward_model.launch_reward_fn_async"):

@@ -255,11 +255,8 @@ def load_value_model(
     """
     from transformers import AutoModelForTokenClassification
 
-    config = apply_config_overrides(
-        load_model_config(path, trust_remote_code, override_config, "value"),
-        {"num_labels": 1, "classifier_dropout": 0.0},
-        "loader",
-    )
+    config = load_model_config(path, trust_remote_code, override_config, "value")
+    config.num_labels, config.classifier_dropout = 1, 0.0  # one value per token, deterministic in train mode
     model, info = _from_pretrained(
         AutoModelForTokenClassification,
         path,
@@ -316,9 +313,8 @@ def load_reward_model(
     """
     from transformers import AutoModelForSequenceClassification
 
-    config = apply_config_overrides(
-        load_model_config(path, trust_remote_code, role="reward"), {"num_labels": 1}, "loader"
-    )
+    config = load_model_config(path, trust_remote_code, role="reward")
+    config.num_labels = 1
     model, info = _from_pretrained(
         AutoModelForSequenceClassification,
         path,

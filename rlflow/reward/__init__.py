@@ -19,6 +19,7 @@ _EXPORTS = {
     "NaiveRewardManager": "naive",
     "check_score": "naive",
     "ScoringPool": "pool",
+    "BUILTIN_REWARD_MANAGERS": "registry",
     "REWARD_MANAGER_REGISTRY": "registry",
     "get_reward_manager_cls": "registry",
     "register_reward_manager": "registry",

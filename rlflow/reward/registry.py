@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = [
+    "BUILTIN_REWARD_MANAGERS",
     "REWARD_MANAGER_REGISTRY",
     "check_reward_manager_kwargs",
     "get_reward_manager_cls",
@@ -30,6 +31,9 @@ REWARD_MANAGER_REGISTRY: dict[str, type] = {}
 """name -> manager class; the built-in ``naive`` and ``dapo`` are added when first looked up."""
 
 _BUILTIN = {"naive": "rlflow.reward.naive", "dapo": "rlflow.reward.dapo"}
+BUILTIN_REWARD_MANAGERS = tuple(_BUILTIN)
+"""The managers rlflow ships (`rlflow.reward.NaiveRewardManager`, `rlflow.reward.DAPORewardManager`):
+the ones that score in the ``reward_model.num_workers`` process pool."""
 _STANDARD_ARGUMENTS = ("tokenizer", "num_examine", "compute_score", "reward_fn_key")
 
 

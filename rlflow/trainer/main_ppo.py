@@ -100,14 +100,19 @@ def build_reward_fns(config: PPOTrainerConfig, tokenizer: Any) -> tuple[Any, Any
     """Reward managers for training and validation (``reward_model.reward_manager`` with its
     ``reward_kwargs``; the custom score function if configured). The built-in managers score in a process
     pool with ``reward_model.num_workers``; a registered one is built with verl's arguments."""
-    from rlflow.reward import OverlongBuffer, get_custom_reward_fn, get_reward_manager_cls
+    from rlflow.reward import (
+        BUILTIN_REWARD_MANAGERS,
+        OverlongBuffer,
+        get_custom_reward_fn,
+        get_reward_manager_cls,
+    )
 
     custom = get_custom_reward_fn(config.custom_reward_function)
     rm = config.reward_model
     name = str(rm.reward_manager)
     manager = get_reward_manager_cls(name)
     common: dict[str, Any] = {"compute_score": custom, "reward_fn_key": str(config.data.reward_fn_key)}
-    if name not in ("naive", "dapo"):
+    if name not in BUILTIN_REWARD_MANAGERS:
         kwargs = {**common, **dict(rm.reward_kwargs)}
         return (
             manager(tokenizer=tokenizer, num_examine=0, **kwargs),

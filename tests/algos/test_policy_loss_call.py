@@ -54,13 +54,8 @@ def _batch(seed: int = 0):
     return old, new, adv, mask
 
 
-@pytest.mark.parametrize("fn", [verl_09_style, verl_08_style])
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
-def test_a_loss_without_global_counts_sums_over_micro_batches_to_the_mini_batch_loss(fn, mode):
-    old, new, adv, mask = _batch()
-    counts = loss_normalisers({"response_mask": mask, "responses": mask}, None)
-    call = PolicyLossCall(fn, "custom")
-    whole = fn(old, new, adv, mask, mode, CFG)[0]  # the local aggregate of the whole mini-batch
+def _assert_split_sums_to_whole(call, mode, whole, old, new, adv, mask, counts):
+    """The call's losses of micro-batches rows [0:1] and [1:4] sum to ``whole``, gradient included."""
     split = sum(
         call(old[s], new[s], adv[s], mask[s], mode, CFG, None, counts)[0] for s in (slice(0, 1), slice(1, 4))
     )
@@ -68,6 +63,15 @@ def test_a_loss_without_global_counts_sums_over_micro_batches_to_the_mini_batch_
     (grad_split,) = torch.autograd.grad(split, new)
     (grad_whole,) = torch.autograd.grad(whole, new)
     torch.testing.assert_close(grad_split, grad_whole, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("fn", [verl_09_style, verl_08_style])
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_a_loss_without_global_counts_sums_over_micro_batches_to_the_mini_batch_loss(fn, mode):
+    old, new, adv, mask = _batch()
+    counts = loss_normalisers({"response_mask": mask, "responses": mask}, None)
+    whole = fn(old, new, adv, mask, mode, CFG)[0]  # the local aggregate of the whole mini-batch
+    _assert_split_sums_to_whole(PolicyLossCall(fn, "custom"), mode, whole, old, new, adv, mask, counts)
 
 
 @pytest.mark.parametrize(
@@ -80,13 +84,7 @@ def test_a_loss_aggregating_with_verls_global_batch_info_is_not_rescaled_again(m
     assert not call.takes_counts  # verl's parameters only: its counts come from config.global_batch_info
     # the local aggregate of the whole mini-batch (loss_scale_factor: the response width, 4)
     whole = agg_loss(-adv * torch.exp(new - old), mask, mode, loss_scale_factor=4)
-    split = sum(
-        call(old[s], new[s], adv[s], mask[s], mode, CFG, None, counts)[0] for s in (slice(0, 1), slice(1, 4))
-    )
-    torch.testing.assert_close(split, whole, rtol=1e-6, atol=1e-7)
-    (grad_split,) = torch.autograd.grad(split, new)
-    (grad_whole,) = torch.autograd.grad(whole, new)
-    torch.testing.assert_close(grad_split, grad_whole, rtol=1e-6, atol=1e-7)
+    _assert_split_sums_to_whole(call, mode, whole, old, new, adv, mask, counts)
 
 
 def test_verl_keyword_names_of_agg_loss():

@@ -1,0 +1,120 @@
+"""Command-line keys: unknown ones refused before composition with the closest keys, wrong types at
+composition, and verl's spellings rewritten to rlflow's (fast: no Ray, no model)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from rlflow.config import PPOTrainerConfig, load_config
+from rlflow.config.suggest import check_override_keys
+
+ACTOR = "actor_rollout_ref.actor"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.nnode=2", "unknown config key 'trainer.nnode' (did you mean 'trainer.nnodes'?)"),
+        ("critic.optim.lrr=1.0", "unknown config key 'critic.optim.lrr' (did you mean 'critic.optim.lr'"),
+        # a key typed under the wrong section: the keys that end the same way come first
+        ("critic.fsdp.param_offload=true", "(did you mean 'critic.fsdp_config.param_offload' or"),
+        (
+            "trainer.ray_wait_register_center_timeout=300",
+            "unknown config key 'trainer.ray_wait_register_center_timeout' — every key",
+        ),
+    ],
+)
+def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, message: str):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_config([override])
+
+
+def test_override_key_check_lets_valid_forms_through():
+    # verl spellings (rewritten first), free-form sections, hydra keys, '+'/'~' forms and flags
+    load_config(
+        [
+            "critic.model.fsdp_config.param_offload=true",
+            "hydra.run.dir=/tmp/x",
+            "+custom_reward_function.reward_kwargs.bonus=0.5",
+            "data.train_batch_size=8",
+        ]
+    )
+    check_override_keys(["--cfg", "job", "~trainer.logger"], PPOTrainerConfig)
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("trainer.nnodes=abc", "trainer.nnodes"),
+        (f"{ACTOR}.use_dynamic_bsz=maybe", f"{ACTOR}.use_dynamic_bsz"),
+    ],
+)
+def test_wrong_type_fails_at_composition(override: str, key: str):
+    with pytest.raises(ConfigCompositionException, match=re.escape(key)):
+        load_config([override])
+
+
+def test_command_line_refuses_an_unknown_key_before_anything_starts():
+    import subprocess
+    import sys
+
+    for module, override, meant in [
+        ("rlflow.trainer.main_ppo", "trainer.total_epoch=3", "'trainer.total_epochs'"),
+        ("rlflow.trainer.main_sft", "optim.lrr=1", "'optim.lr'"),
+    ]:
+        proc = subprocess.run(
+            [sys.executable, "-m", module, override], capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode != 0
+        assert f"unknown config key {override.split('=')[0]!r} (did you mean {meant}" in proc.stderr, (
+            proc.stderr
+        )
+
+
+def test_verl_use_gpg_loss_flag_stands_for_the_gpg_loss_mode():
+    assert load_config([f"{ACTOR}.use_gpg_loss=True"]).actor_rollout_ref.actor.policy_loss.loss_mode == "gpg"
+    assert (
+        load_config([f"{ACTOR}.use_gpg_loss=false"]).actor_rollout_ref.actor.policy_loss.loss_mode
+        == "vanilla"
+    )
+    with pytest.raises(
+        ValueError, match=r"use_gpg_loss=True means .*loss_mode=gpg.*also sets .*loss_mode=gspo"
+    ):
+        load_config([f"{ACTOR}.use_gpg_loss=True", f"{ACTOR}.policy_loss.loss_mode=gspo"])
+    with pytest.raises(ValueError, match="expected true or false"):
+        load_config([f"{ACTOR}.use_gpg_loss=maybe"])
+
+
+def test_verl_key_aliases_are_rewritten(tmp_path):
+    from rlflow.config.aliases import rewrite_critic_file_keys, rewrite_overrides
+
+    assert rewrite_overrides(
+        [
+            "critic.model.fsdp_config.param_offload=true",
+            "+critic.model.fsdp_config.fsdp_size=2",
+            "critic.model.path=x",  # not an alias: the critic's model keys stay
+            "--cfg",
+            "job",
+        ]
+    ) == [
+        "critic.fsdp_config.param_offload=true",
+        "+critic.fsdp_config.fsdp_size=2",
+        "critic.model.path=x",
+        "--cfg",
+        "job",
+    ]
+    cfg = load_config(["critic.model.fsdp_config.optimizer_offload=true"])
+    assert cfg.critic.fsdp_config.optimizer_offload is True
+    assert rewrite_critic_file_keys(
+        {"model": {"fsdp_config": {"param_offload": True}, "path": "p"}, "world_size": 1}
+    ) == {
+        "model": {"path": "p"},
+        "fsdp_config": {"param_offload": True},
+        "world_size": 1,
+    }
+    path = tmp_path / "critic.yaml"
+    path.write_text("model:\n  fsdp_config:\n    param_offload: true\n")
+    assert load_config([f"critic.config_path={path}"]).critic.fsdp_config.param_offload is True
