@@ -4,7 +4,8 @@ Run it as a script (``python examples/ppo_in_python.py``) or paste the cells int
 suite executes it (tests/trainer/test_examples.py).
 """
 
-# %% Compose the config: the same keys as the command line overrides.
+# %% Compose the config: the same keys as the command line overrides. config_name="demo" starts from the
+# embedded CPU demo (config/demo.yaml); the default, "ppo_trainer", has verl's defaults.
 from rlflow.config import load_config
 from rlflow.trainer.main_ppo import run_ppo
 
@@ -15,7 +16,8 @@ cfg = load_config(
         "trainer.logger=[jsonl]",
         "trainer.experiment_name=notebook",
         "trainer.log_dir=outputs/notebook",
-    ]
+    ],
+    config_name="demo",
 )
 print("actor lr:", cfg.actor_rollout_ref.actor.optim.lr, "| estimator:", cfg.algorithm.adv_estimator)
 

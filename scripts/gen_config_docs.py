@@ -210,14 +210,17 @@ HEADER = """# Configuration reference
 config/ppo_trainer.yaml. Do not edit by hand: run `python scripts/gen_config_docs.py`. -->
 
 Every key of the PPO trainer config (`config/ppo_trainer.yaml`), with its type, its default and what it
-does. Set keys on the command line as Hydra overrides:
+does. The defaults are verl's, except the few listed in `docs/migrating_from_verl.md` ("Defaults that
+differ"); the embedded CPU demo's own values are in `config/demo.yaml` (`--config-name demo`). Set keys
+on the command line as Hydra overrides:
 
 ```bash
 python -m rlflow.trainer.main_ppo data.train_batch_size=32 actor_rollout_ref.actor.optim.lr=1e-5
 ```
 
 or in Python with `rlflow.config.loading.load_config(["data.train_batch_size=32"])`. Precedence, lowest
-first: the schema defaults (equal to `ppo_trainer.yaml`), command-line overrides, then the file named by
+first: the schema defaults (equal to `ppo_trainer.yaml`), `demo.yaml` with `--config-name demo`, command-line
+overrides, then the file named by
 `critic.config_path`, whose keys override the `critic` group (e.g. `config/examples/critic_sp2.yaml`).
 
 An unknown key or a value of the wrong type fails at composition with the key path. Rules that involve

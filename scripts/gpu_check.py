@@ -98,7 +98,8 @@ def plain_config(overrides: Mapping[str, Any]) -> PPOTrainerConfig:
 
 def check_overrides(**extra: Any) -> dict[str, Any]:
     """The layout every check starts from: FSDP2, remove-padding, 8 prompts × 16 response tokens, one
-    mini-batch in micro-batches of 4, rollout log-probs on."""
+    mini-batch in micro-batches of 4, rollout log-probs on, no gradient checkpointing (the ``gc`` check
+    turns it on)."""
     base = {
         "data.max_prompt_length": PROMPT_LEN,
         "data.max_response_length": RESPONSE_LEN,
@@ -111,6 +112,8 @@ def check_overrides(**extra: Any) -> dict[str, Any]:
         f"{ROLLOUT}.calculate_log_probs": True,
         f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu": 4,
         "actor_rollout_ref.model.use_remove_padding": True,
+        "actor_rollout_ref.model.enable_gradient_checkpointing": False,
+        f"{CRITIC}.model.enable_gradient_checkpointing": False,
     }
     return {**base, **extra}
 

@@ -59,7 +59,7 @@ def test_every_composed_key_is_documented(generated: str) -> None:
     missing = [k for k in keys if rows[k].rstrip().endswith("|")]
     assert not missing, f"keys without a meaning (document them in the schema or the YAML): {missing}"
     assert rows["critic.cliprange_value"].startswith("float | `0.5` | value clipping")
-    assert rows["data.train_batch_size"].startswith("int | `16` | prompts per step")
+    assert rows["data.train_batch_size"].startswith("int | `1024` | prompts per step")
 
 
 def test_check_mode_detects_a_stale_page(tmp_path: Path) -> None:
@@ -98,13 +98,23 @@ def _trainer_commands(text: str, trainer: str = TRAINER) -> list[list[str]]:
 
 
 def test_documented_trainer_commands_compose() -> None:
-    """Every documented command line names existing keys with values of the right type."""
+    """Every documented command line (README and docs) names existing keys with values of the right type,
+    on the config it names (``--config-name``; verl's defaults otherwise)."""
+    from rlflow.config import CONFIG_NAME
+    from rlflow.trainer.check_config import split_config_name
+
     count = 0
-    for page in CHECKED_PAGES:
-        for overrides in _trainer_commands((DOCS / page).read_text()):
-            load_config(overrides)
+    for text in [(REPO / "README.md").read_text(), *((DOCS / page).read_text() for page in CHECKED_PAGES)]:
+        for args in _trainer_commands(text):
+            name, overrides = split_config_name(args)
+            load_config(overrides, config_name=name or CONFIG_NAME)
             count += 1
-    assert count >= 8
+    assert count >= 14
+
+
+def test_the_readme_main_job_is_the_demo_config_with_no_overrides() -> None:
+    main_job = _trainer_commands((REPO / "README.md").read_text())[0]
+    assert main_job == ["--config-name", "demo"]
 
 
 def test_documented_sft_commands_compose() -> None:
@@ -147,7 +157,7 @@ def _refused(key: str, value: str | None) -> bool:
     from rlflow.config import validate_config
 
     try:
-        validate_config(load_config([f"{key}={value if value is not None else 1}"]))
+        validate_config(load_config([f"{key}={value if value is not None else 1}"], config_name="demo"))
     except ValueError:
         return True
     return False

@@ -7,7 +7,7 @@ Command line (Hydra)::
 Library / notebook::
 
     from rlflow.config import load_config, validate_config
-    cfg = load_config(["trainer.total_training_steps=5"])
+    cfg = load_config(["trainer.total_training_steps=5"], config_name="demo")   # the embedded CPU demo
     validate_config(cfg, num_attention_heads=4, num_key_value_heads=2)
 
 * `schema` — the dataclasses (registered with Hydra's ConfigStore); workers receive them typed.
@@ -26,6 +26,7 @@ from rlflow.config.schema import SCHEMA_NAME, PPOTrainerConfig, register_configs
 if TYPE_CHECKING:
     from rlflow.config.loading import (
         CONFIG_NAME,
+        DEMO_CONFIG_NAME,
         apply_critic_config_file,
         config_dir,
         config_section,
@@ -47,6 +48,7 @@ _HYDRA_SIDE = {
     **dict.fromkeys(
         (
             "CONFIG_NAME",
+            "DEMO_CONFIG_NAME",
             "apply_critic_config_file",
             "config_dir",
             "config_section",
@@ -64,6 +66,7 @@ _HYDRA_SIDE = {
 
 __all__ = [
     "CONFIG_NAME",
+    "DEMO_CONFIG_NAME",
     "SCHEMA_NAME",
     "PPOTrainerConfig",
     "apply_critic_config_file",

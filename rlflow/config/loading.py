@@ -32,6 +32,7 @@ from rlflow.config.suggest import check_override_keys
 
 __all__ = [
     "CONFIG_NAME",
+    "DEMO_CONFIG_NAME",
     "SFT_CONFIG_NAME",
     "YAML_PACKAGE",
     "apply_critic_config_file",
@@ -45,7 +46,11 @@ __all__ = [
 ]
 
 CONFIG_NAME = "ppo_trainer"
-"""Name of the main config file (``config/ppo_trainer.yaml``)."""
+"""Name of the main config file (``config/ppo_trainer.yaml``): verl's defaults."""
+
+DEMO_CONFIG_NAME = "demo"
+"""The embedded CPU demo's config (``config/demo.yaml``): ``ppo_trainer`` with the demo's own values
+(``python -m rlflow.trainer.main_ppo --config-name demo``)."""
 
 YAML_PACKAGE = "rlflow.config.files"
 """The package the repository's top-level ``config/`` directory is installed as (``setup.py``)."""
@@ -105,7 +110,8 @@ def load_config(overrides: Sequence[str] | None = None, config_name: str = CONFI
     Args:
         overrides: Hydra overrides, e.g. ``["algorithm.adv_estimator=grpo", "data.train_batch_size=8"]``;
             verl's spellings of renamed keys are accepted (`rlflow.config.aliases`).
-        config_name: config file name without ``.yaml``.
+        config_name: config file name without ``.yaml``: `CONFIG_NAME` (verl's defaults) or
+            `DEMO_CONFIG_NAME` (the embedded CPU demo).
 
     Returns:
         The composed config, typed by the schema and in struct mode (unknown keys raise).

@@ -93,9 +93,9 @@ class DataConfig:
     task: str = "repeat"
     prompt_key: str = "prompt"
     reward_fn_key: str = "data_source"
-    max_prompt_length: int = 32
-    max_response_length: int = 8
-    train_batch_size: int = 16
+    max_prompt_length: int = 512
+    max_response_length: int = 512
+    train_batch_size: int = 1024
     gen_batch_size: int = II("data.train_batch_size")
     val_batch_size: int | None = None
     return_raw_chat: bool = False
@@ -103,9 +103,9 @@ class DataConfig:
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     shuffle: bool = True
     seed: int = 1
-    filter_overlong_prompts: bool = True
+    filter_overlong_prompts: bool = False
     truncation: str = "error"
-    dataloader_num_workers: int = 0
+    dataloader_num_workers: int = 8
 
 
 @dataclass
@@ -130,7 +130,7 @@ class ModelConfig:
     trust_remote_code: bool = False
     attn_implementation: str = "sdpa"
     use_remove_padding: bool = True
-    enable_gradient_checkpointing: bool = False
+    enable_gradient_checkpointing: bool = True
     override_config: dict[str, Any] = field(default_factory=dict)
     external_lib: Any = None
 
@@ -153,14 +153,14 @@ class OptimConfig:
         eps: AdamW epsilon.
     """
 
-    lr: float = 1.0e-3
+    lr: float = 1.0e-6
     lr_warmup_steps: int = -1
     lr_warmup_steps_ratio: float = 0.0
     warmup_style: str = "constant"
     lr_scheduler_type: str | None = None
     min_lr_ratio: float = 0.0
     num_cycles: float = 0.5
-    weight_decay: float = 0.0
+    weight_decay: float = 0.01
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1.0e-8
 
@@ -228,10 +228,10 @@ class ActorConfig:
     """
 
     strategy: str = "fsdp2"
-    ppo_mini_batch_size: int = 4
+    ppo_mini_batch_size: int = 256
     ppo_micro_batch_size_per_gpu: int = 8
     use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: int = 2048
+    ppo_max_token_len_per_gpu: int = 16384
     ppo_epochs: int = 1
     shuffle: bool = False
     clip_ratio: float = 0.2
@@ -247,7 +247,7 @@ class ActorConfig:
     ulysses_sequence_parallel_size: int = 1
     tis_imp_ratio_cap: float = -1.0
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1.0e-4))
+    optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
 
@@ -390,7 +390,7 @@ class CriticModelConfig:
     trust_remote_code: bool = False
     attn_implementation: str = II("actor_rollout_ref.model.attn_implementation")
     use_remove_padding: bool = II("actor_rollout_ref.model.use_remove_padding")
-    enable_gradient_checkpointing: bool = False
+    enable_gradient_checkpointing: bool = True
     override_config: dict[str, Any] = field(default_factory=dict)
 
 
@@ -410,12 +410,12 @@ class CriticConfig:
     strategy: str = "fsdp2"
     world_size: int | None = None
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1.0e-5))
     ppo_mini_batch_size: int = II("actor_rollout_ref.actor.ppo_mini_batch_size")
     ppo_micro_batch_size_per_gpu: int = 8
     forward_micro_batch_size_per_gpu: int = II("critic.ppo_micro_batch_size_per_gpu")
     use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
-    ppo_max_token_len_per_gpu: int = 2048
+    ppo_max_token_len_per_gpu: int = 32768
     forward_max_token_len_per_gpu: int = II("critic.ppo_max_token_len_per_gpu")
     ppo_epochs: int = II("actor_rollout_ref.actor.ppo_epochs")
     shuffle: bool = II("actor_rollout_ref.actor.shuffle")
@@ -437,7 +437,7 @@ class RewardModelPathConfig:
 
     path: str | None = None
     trust_remote_code: bool = False
-    use_remove_padding: bool = True
+    use_remove_padding: bool = II("actor_rollout_ref.model.use_remove_padding")
 
 
 @dataclass

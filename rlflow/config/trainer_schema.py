@@ -37,17 +37,17 @@ class TrainerConfig:
     """
 
     project_name: str = "rlflow"
-    experiment_name: str = "tiny_ppo"
+    experiment_name: str = "ppo"
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     log_dir: str | None = None
     nnodes: int = 1
-    n_gpus_per_node: int = 2
+    n_gpus_per_node: int = 8
     device: str = "auto"
     cpus_per_worker: float = 1.0
-    total_epochs: int = 1000
-    total_training_steps: int | None = 100
+    total_epochs: int = 30
+    total_training_steps: int | None = None
     save_freq: int = -1
-    test_freq: int = 10
+    test_freq: int = -1
     val_before_train: bool = True
     critic_warmup: int = 0
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"

@@ -8,6 +8,9 @@ config as YAML too) and exits 0, or prints the problem and exits 1. A warm-start
 built: its architecture (the tiny model's) is what validation needs.
 
     python -m rlflow.trainer.check_config algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=4
+    python -m rlflow.trainer.check_config --config-name demo trainer.total_training_steps=300
+
+``--config-name NAME`` (or ``-cn NAME``) picks the config file as it does for ``main_ppo``.
 """
 
 from __future__ import annotations
@@ -17,11 +20,15 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["check_config", "main", "summary"]
+__all__ = ["check_config", "main", "split_config_name", "summary"]
 
 
-def check_config(overrides: Sequence[str]) -> DictConfig:
+def check_config(overrides: Sequence[str], config_name: str | None = None) -> DictConfig:
     """Compose and validate ``overrides`` as ``main_ppo`` would (a warm start is not built).
+
+    Args:
+        overrides: Hydra overrides.
+        config_name: the config file (``ppo_trainer``, verl's defaults, when None; ``demo``: the CPU demo).
 
     Returns:
         The validated config.
@@ -30,10 +37,28 @@ def check_config(overrides: Sequence[str]) -> DictConfig:
         ValueError: the first problem, naming the key.
         hydra.errors.ConfigCompositionException: a value of the wrong type.
     """
-    from rlflow.config import load_config
+    from rlflow.config import CONFIG_NAME, load_config
     from rlflow.trainer.main_ppo import prepare_config
 
-    return prepare_config(load_config(list(overrides)), build_warm_start=False)
+    cfg = load_config(list(overrides), config_name=config_name or CONFIG_NAME)
+    return prepare_config(cfg, build_warm_start=False)
+
+
+def split_config_name(args: list[str]) -> tuple[str | None, list[str]]:
+    """``--config-name NAME`` / ``--config-name=NAME`` / ``-cn NAME`` out of ``args``: (NAME, the rest)."""
+    name, rest, i = None, [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("--config-name="):
+            name = arg.split("=", 1)[1]
+        elif arg in ("--config-name", "-cn"):
+            if i + 1 >= len(args):
+                raise ValueError(f"{arg} needs a config name, e.g. {arg} demo")
+            name, i = args[i + 1], i + 1
+        else:
+            rest.append(arg)
+        i += 1
+    return name, rest
 
 
 def summary(cfg: DictConfig) -> str:
@@ -56,9 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hydra.errors import ConfigCompositionException
 
     args = list(sys.argv[1:] if argv is None else argv)
-    overrides = [a for a in args if a != "--print"]
     try:
-        cfg = check_config(overrides)
+        config_name, overrides = split_config_name([a for a in args if a != "--print"])
+        cfg = check_config(overrides, config_name)
     except (ValueError, ConfigCompositionException) as err:
         print(f"rlflow.trainer.check_config: {err}", file=sys.stderr)
         return 1

@@ -1,12 +1,13 @@
 """``python -m rlflow.trainer.main_ppo [overrides]``: PPO (or GRPO, ...) with Hydra overrides.
 
-With no overrides it trains PPO with a critic on the embedded tiny model and the easy synthetic task,
-on CPU with a local Ray. Library use::
+The config starts from verl's defaults (``config/ppo_trainer.yaml``). ``--config-name demo`` starts from
+the embedded CPU demo instead (``config/demo.yaml``): PPO with a critic on the embedded tiny model and the
+easy synthetic task, two ranks on CPU with a local Ray. Library use::
 
     from rlflow.config import load_config
     from rlflow.trainer.main_ppo import run_ppo
 
-    cfg = load_config(["trainer.total_training_steps=3"])
+    cfg = load_config(["trainer.total_training_steps=3"], config_name="demo")
     result = run_ppo(cfg)          # {"final": {...}, "history": [...]}
 """
 

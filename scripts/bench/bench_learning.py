@@ -135,6 +135,7 @@ def run_one(name: str, overrides: list[str], out: Path) -> dict[str, Any]:
         sys.executable,
         "-m",
         "rlflow.trainer.main_ppo",
+        "--config-name=demo",
         f"hydra.run.dir={out / 'hydra' / name}",
         "trainer.project_name=bench_learning",
         f"trainer.experiment_name={name}",

@@ -133,6 +133,7 @@ def bench_overrides(bench: Bench, policy: Path, reward: Path, steps: int, run_di
     """``main_ppo`` overrides of one bench (geometry, roles, logging) before the layout's."""
     batch = bench.prompts
     out = [
+        "--config-name=demo",  # the demo's layout and optimizer; the geometry follows
         "data.task=arithmetic",
         f"data.max_prompt_length={PROMPT_LENGTH}",
         f"data.max_response_length={bench.response_length}",

@@ -52,7 +52,8 @@ def _config(*extra: str):
             "algorithm.filter_groups.enable=true",
             "algorithm.filter_groups.metric=acc",
             *extra,
-        ]
+        ],
+        config_name="demo",
     )
     validate_config(cfg)
     return to_typed(cfg)

@@ -32,8 +32,9 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "slurm" / "rlflow_ray.sbatch"
 OBJECT_STORE_BYTES = 400 * 2**20
-# the shortest PPO run: one step, no validation, console metrics only
+# the shortest PPO run of the embedded CPU demo: one step, no validation, console metrics only
 SHORT_RUN = [
+    "--config-name=demo",
     "trainer.total_training_steps=1",
     "trainer.test_freq=-1",
     "trainer.val_before_train=false",

@@ -29,7 +29,7 @@ ACTOR = "actor_rollout_ref.actor"
 )
 def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, message: str):
     with pytest.raises(ValueError, match=re.escape(message)):
-        load_config([override])
+        load_config([override], config_name="demo")
 
 
 def test_override_key_check_lets_valid_forms_through():
@@ -40,7 +40,8 @@ def test_override_key_check_lets_valid_forms_through():
             "hydra.run.dir=/tmp/x",
             "+custom_reward_function.reward_kwargs.bonus=0.5",
             "data.train_batch_size=8",
-        ]
+        ],
+        config_name="demo",
     )
     check_override_keys(["--cfg", "job", "~trainer.logger"], PPOTrainerConfig)
 
@@ -54,7 +55,7 @@ def test_override_key_check_lets_valid_forms_through():
 )
 def test_wrong_type_fails_at_composition(override: str, key: str):
     with pytest.raises(ConfigCompositionException, match=re.escape(key)):
-        load_config([override])
+        load_config([override], config_name="demo")
 
 
 def test_command_line_refuses_an_unknown_key_before_anything_starts():
@@ -75,17 +76,24 @@ def test_command_line_refuses_an_unknown_key_before_anything_starts():
 
 
 def test_verl_use_gpg_loss_flag_stands_for_the_gpg_loss_mode():
-    assert load_config([f"{ACTOR}.use_gpg_loss=True"]).actor_rollout_ref.actor.policy_loss.loss_mode == "gpg"
     assert (
-        load_config([f"{ACTOR}.use_gpg_loss=false"]).actor_rollout_ref.actor.policy_loss.loss_mode
+        load_config(
+            [f"{ACTOR}.use_gpg_loss=True"], config_name="demo"
+        ).actor_rollout_ref.actor.policy_loss.loss_mode
+        == "gpg"
+    )
+    assert (
+        load_config(
+            [f"{ACTOR}.use_gpg_loss=false"], config_name="demo"
+        ).actor_rollout_ref.actor.policy_loss.loss_mode
         == "vanilla"
     )
     with pytest.raises(
         ValueError, match=r"use_gpg_loss=True means .*loss_mode=gpg.*also sets .*loss_mode=gspo"
     ):
-        load_config([f"{ACTOR}.use_gpg_loss=True", f"{ACTOR}.policy_loss.loss_mode=gspo"])
+        load_config([f"{ACTOR}.use_gpg_loss=True", f"{ACTOR}.policy_loss.loss_mode=gspo"], config_name="demo")
     with pytest.raises(ValueError, match="expected true or false"):
-        load_config([f"{ACTOR}.use_gpg_loss=maybe"])
+        load_config([f"{ACTOR}.use_gpg_loss=maybe"], config_name="demo")
 
 
 def test_verl_key_aliases_are_rewritten(tmp_path):
@@ -106,7 +114,7 @@ def test_verl_key_aliases_are_rewritten(tmp_path):
         "--cfg",
         "job",
     ]
-    cfg = load_config(["critic.model.fsdp_config.optimizer_offload=true"])
+    cfg = load_config(["critic.model.fsdp_config.optimizer_offload=true"], config_name="demo")
     assert cfg.critic.fsdp_config.optimizer_offload is True
     assert rewrite_critic_file_keys(
         {"model": {"fsdp_config": {"param_offload": True}, "path": "p"}, "world_size": 1}
@@ -117,4 +125,7 @@ def test_verl_key_aliases_are_rewritten(tmp_path):
     }
     path = tmp_path / "critic.yaml"
     path.write_text("model:\n  fsdp_config:\n    param_offload: true\n")
-    assert load_config([f"critic.config_path={path}"]).critic.fsdp_config.param_offload is True
+    assert (
+        load_config([f"critic.config_path={path}"], config_name="demo").critic.fsdp_config.param_offload
+        is True
+    )

@@ -79,9 +79,10 @@ def test_every_shipped_yaml_composes(path: Path):
         validate_sft_config(sft)
         return
     if rel.parent == Path("."):
-        cfg = load_config(config_name=path.stem)
+        # verl's defaults ask for 8 ranks: validated as on a cluster (the local-resource check is tested below)
+        cfg = load_config(["ray_init.address=ray://head:10001"], config_name=path.stem)
     elif rel.parent == Path("examples") and rel.name.startswith("critic_"):
-        cfg = load_config([f"critic.config_path={rel}"])
+        cfg = load_config([f"critic.config_path={rel}"], config_name="demo")
         assert cfg.critic.config_path == str(path)
     else:
         pytest.fail(f"shipped YAML {rel} is not covered by this test: add its kind here")
@@ -89,32 +90,122 @@ def test_every_shipped_yaml_composes(path: Path):
     validate_config(cfg, **HEADS)
 
 
-def test_default_config_values_and_schema_agree():
+# verl's defaults (its ``ppo_trainer.yaml``) for the keys both have: rlflow's base config keeps them.
+VERL_DEFAULTS = {
+    "data.max_prompt_length": 512,
+    "data.max_response_length": 512,
+    "data.train_batch_size": 1024,
+    "data.filter_overlong_prompts": False,
+    "data.truncation": "error",
+    "data.dataloader_num_workers": 8,
+    "actor_rollout_ref.model.enable_gradient_checkpointing": True,
+    "actor_rollout_ref.model.use_remove_padding": True,
+    f"{ACTOR}.ppo_mini_batch_size": 256,
+    f"{ACTOR}.ppo_max_token_len_per_gpu": 16384,
+    f"{ACTOR}.clip_ratio": 0.2,
+    f"{ACTOR}.entropy_coeff": 0.0,
+    f"{ACTOR}.kl_loss_coef": 0.001,
+    f"{ACTOR}.kl_loss_type": "low_var_kl",
+    f"{ACTOR}.optim.lr": 1e-6,
+    f"{ACTOR}.optim.weight_decay": 0.01,
+    f"{ACTOR}.optim.lr_warmup_steps": -1,
+    f"{ROLLOUT}.temperature": 1.0,
+    f"{ROLLOUT}.gpu_memory_utilization": 0.5,
+    f"{ROLLOUT}.val_kwargs.temperature": 0.0,
+    "critic.optim.lr": 1e-5,
+    "critic.optim.weight_decay": 0.01,
+    "critic.model.enable_gradient_checkpointing": True,
+    "critic.ppo_max_token_len_per_gpu": 32768,
+    "critic.cliprange_value": 0.5,
+    "algorithm.gamma": 1.0,
+    "algorithm.lam": 1.0,
+    "algorithm.kl_ctrl.kl_coef": 0.001,
+    "trainer.total_epochs": 30,
+    "trainer.total_training_steps": None,
+    "trainer.n_gpus_per_node": 8,
+    "trainer.nnodes": 1,
+    "trainer.save_freq": -1,
+    "trainer.test_freq": -1,
+    "trainer.val_before_train": True,
+    "trainer.critic_warmup": 0,
+}
+
+# What config/demo.yaml sets for the embedded CPU demo (README main job, learning tests, baselines).
+DEMO_VALUES = {
+    "data.max_prompt_length": 32,
+    "data.max_response_length": 8,
+    "data.train_batch_size": 16,
+    "data.filter_overlong_prompts": True,
+    "data.dataloader_num_workers": 0,
+    "actor_rollout_ref.model.enable_gradient_checkpointing": False,
+    f"{ACTOR}.ppo_mini_batch_size": 4,
+    f"{ACTOR}.ppo_max_token_len_per_gpu": 2048,
+    f"{ACTOR}.optim.lr": 1e-4,
+    f"{ACTOR}.optim.weight_decay": 0.0,
+    "critic.model.enable_gradient_checkpointing": False,
+    "critic.ppo_max_token_len_per_gpu": 2048,
+    "critic.optim.lr": 1e-3,
+    "critic.optim.weight_decay": 0.0,
+    "trainer.experiment_name": "tiny_ppo",
+    "trainer.n_gpus_per_node": 2,
+    "trainer.total_epochs": 1000,
+    "trainer.total_training_steps": 100,
+    "trainer.test_freq": 10,
+}
+
+
+def _leaves(cfg, prefix: str = "") -> dict:
+    """Leaf key path → value, interpolations unresolved (so ``${...}`` strings compare as written)."""
+    out = {}
+    for key in cfg:
+        node = cfg._get_node(key)
+        if OmegaConf.is_dict(node):
+            out.update(_leaves(node, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = node._value()
+    return out
+
+
+def test_the_base_config_is_the_schema_with_verls_defaults():
     cfg = load_config()
     # The YAML and the dataclass defaults are one tree (the YAML only adds comments).
     assert cfg == OmegaConf.structured(PPOTrainerConfig)
     assert OmegaConf.get_type(cfg.critic).__name__ == "CriticConfig"
-    assert cfg.data.train_batch_size == 16 and cfg.data.max_prompt_length == 32
-    assert cfg.data.max_response_length == 8 and cfg.data.task == "repeat"
-    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 4  # 4 updates per rollout batch
-    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 8
-    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1.0e-4, abs=0)
-    assert cfg.critic.optim.lr == pytest.approx(1.0e-3, abs=0)
-    assert list(cfg.actor_rollout_ref.actor.optim.betas) == [0.9, 0.999]
-    assert cfg.critic.optim.eps == pytest.approx(1.0e-8, abs=0)
-    assert cfg.trainer.total_training_steps == 100 and cfg.trainer.n_gpus_per_node == 2
+    leaves = _leaves(cfg)
+    assert {key: leaves[key] for key in VERL_DEFAULTS} == VERL_DEFAULTS
+    # Where rlflow keeps its own default (docs/migrating_from_verl.md, "Defaults that differ"):
+    assert leaves[f"{ROLLOUT}.name"] == "hf" and leaves["trainer.device"] == "auto"
     assert list(cfg.trainer.logger) == ["console", "jsonl"]
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 8
     assert cfg.algorithm.adv_estimator == "gae" and cfg.custom_reward_function.name == "compute_score"
     assert cfg.algorithm.custom_advantage_function.name is None
     assert need_critic(cfg) and not need_reference_policy(cfg)
 
 
+def test_the_demo_config_changes_exactly_its_own_keys():
+    base, demo = _leaves(load_config()), _leaves(load_config(config_name="demo"))
+    changed = {key: demo[key] for key in demo if demo[key] != base[key]}
+    assert changed == DEMO_VALUES
+    assert sorted(demo) == sorted(base)
+    assert demo["data.task"] == "repeat" and demo["data.train_files"] is None
+
+
+def test_verls_defaults_on_this_machine_say_how_to_run_the_demo():
+    cfg = load_config(["ray_init.num_cpus=2"])
+    with pytest.raises(ValueError, match=r"8 × 1 = 8 CPUs.*--config-name demo") as err:
+        validate_config(cfg, **HEADS)
+    assert "trainer.n_gpus_per_node" in str(err.value)
+    validate_config(load_config(["ray_init.address=ray://head:10001"]), **HEADS)  # a cluster: Ray places them
+
+
 def test_grpo_composes_without_critic():
-    cfg = load_config(["algorithm.adv_estimator=grpo"])
+    cfg = load_config(["algorithm.adv_estimator=grpo"], config_name="demo")
     validate_config(cfg, **HEADS)
     assert not need_critic(cfg)
-    assert need_critic(load_config(["algorithm.adv_estimator=grpo", "critic.enable=true"]))
-    assert need_reference_policy(load_config([f"{ACTOR}.use_kl_loss=true"]))
+    assert need_critic(
+        load_config(["algorithm.adv_estimator=grpo", "critic.enable=true"], config_name="demo")
+    )
+    assert need_reference_policy(load_config([f"{ACTOR}.use_kl_loss=true"], config_name="demo"))
 
 
 @pytest.mark.parametrize(
@@ -128,7 +219,7 @@ def test_grpo_composes_without_critic():
     ],
 )
 def test_on_policy_rule_for_skipping_the_old_log_prob_pass(overrides, on_policy):
-    assert update_is_on_policy(load_config(overrides)) is on_policy
+    assert update_is_on_policy(load_config(overrides, config_name="demo")) is on_policy
 
 
 def test_interpolations_follow_the_actor():
@@ -139,7 +230,8 @@ def test_interpolations_follow_the_actor():
             f"{ACTOR}.use_dynamic_bsz=true",
             "data.max_response_length=12",
             "trainer.experiment_name=exp",
-        ]
+        ],
+        config_name="demo",
     )
     assert cfg.critic.model.path == "rlflow://tiny?seed=3"
     assert cfg.critic.ppo_mini_batch_size == 8
@@ -149,13 +241,13 @@ def test_interpolations_follow_the_actor():
     assert cfg.critic.forward_micro_batch_size_per_gpu == 8  # follows critic.ppo_micro_batch_size_per_gpu
     assert cfg.trainer.default_local_dir == "checkpoints/rlflow/exp"
     # An explicit value breaks the link.
-    assert load_config(["critic.model.path=/x"]).critic.model.path == "/x"
+    assert load_config(["critic.model.path=/x"], config_name="demo").critic.model.path == "/x"
 
 
 def test_load_config_inside_a_hydra_app_keeps_the_app_hydra():
     with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
         app_hydra = GlobalHydra.instance().hydra
-        cfg = load_config(["data.train_batch_size=8"])
+        cfg = load_config(["data.train_batch_size=8"], config_name="demo")
         assert GlobalHydra.instance().hydra is app_hydra
     assert cfg.data.train_batch_size == 8
 
@@ -166,7 +258,9 @@ def test_load_config_inside_a_hydra_app_keeps_the_app_hydra():
 def test_critic_config_file_overrides_the_critic_group(tmp_path: Path):
     path = tmp_path / "critic.yaml"
     path.write_text("world_size: 1\nulysses_sequence_parallel_size: 1\noptim:\n  lr: 2.0e-4\n")
-    cfg = load_config([f"critic.config_path={path}", "critic.optim.lr=0.5", "critic.grad_clip=0.25"])
+    cfg = load_config(
+        [f"critic.config_path={path}", "critic.optim.lr=0.5", "critic.grad_clip=0.25"], config_name="demo"
+    )
     assert cfg.critic.world_size == 1
     assert cfg.critic.optim.lr == pytest.approx(2.0e-4, abs=0)  # the file wins over the command line
     assert cfg.critic.grad_clip == pytest.approx(0.25, abs=0)  # untouched by the file
@@ -176,7 +270,7 @@ def test_critic_config_file_overrides_the_critic_group(tmp_path: Path):
 
 
 def test_example_critic_file_gives_a_different_layout():
-    cfg = load_config(["critic.config_path=examples/critic_sp2.yaml"])
+    cfg = load_config(["critic.config_path=examples/critic_sp2.yaml"], config_name="demo")
     assert cfg.critic.ulysses_sequence_parallel_size == 2
     assert cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size == 1
     assert cfg.critic.use_dynamic_bsz is True and cfg.actor_rollout_ref.actor.use_dynamic_bsz is False
@@ -186,7 +280,7 @@ def test_example_critic_file_gives_a_different_layout():
 def test_critic_config_file_relative_to_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     (tmp_path / "mine.yaml").write_text("cliprange_value: 0.2\n")
     monkeypatch.chdir(tmp_path)
-    cfg = load_config(["critic.config_path=mine.yaml"])
+    cfg = load_config(["critic.config_path=mine.yaml"], config_name="demo")
     assert cfg.critic.cliprange_value == pytest.approx(0.2, abs=0)
     assert cfg.critic.config_path == str(tmp_path / "mine.yaml")
 
@@ -205,13 +299,13 @@ def test_critic_config_file_errors_name_file_and_key(tmp_path: Path, content: st
     path = tmp_path / "bad_critic.yaml"
     path.write_text(content)
     with pytest.raises(ValueError, match=re.escape(pattern)) as info:
-        load_config([f"critic.config_path={path}"])
+        load_config([f"critic.config_path={path}"], config_name="demo")
     assert str(path) in str(info.value) and "critic.config_path" in str(info.value)
 
 
 def test_missing_critic_config_file(tmp_path: Path):
     with pytest.raises(ValueError, match=r"critic\.config_path='nope\.yaml': no such file"):
-        load_config(["critic.config_path=nope.yaml"])
+        load_config(["critic.config_path=nope.yaml"], config_name="demo")
 
 
 # --------------------------------------------------------------------------- validation
@@ -429,7 +523,7 @@ BAD_CONFIGS = [
 
 @pytest.mark.parametrize(("overrides", "heads", "message"), BAD_CONFIGS, ids=lambda v: None)
 def test_validation_error_names_the_key(user_files, overrides, heads, message):
-    cfg = load_config([o.format(**user_files) for o in overrides])
+    cfg = load_config([o.format(**user_files) for o in overrides], config_name="demo")
     with pytest.raises(ValueError, match=re.escape(message.format(**user_files))):
         validate_config(cfg, **{**HEADS, **heads})
 
@@ -443,6 +537,7 @@ GOOD_CONFIGS = [
     # critic SP 4 > 2 kv heads: each kv head is repeated
     [
         "trainer.n_gpus_per_node=4",
+        "ray_init.num_cpus=4",
         f"{D}.ppo_micro_batch_size_per_gpu=4",
         f"{C}.ulysses_sequence_parallel_size=4",
     ],
@@ -467,12 +562,12 @@ GOOD_CONFIGS = [
 
 @pytest.mark.parametrize("overrides", GOOD_CONFIGS, ids=lambda v: None)
 def test_valid_configs_pass(user_files, overrides):
-    validate_config(load_config([o.format(**user_files) for o in overrides]), **HEADS)
+    validate_config(load_config([o.format(**user_files) for o in overrides], config_name="demo"), **HEADS)
 
 
 def test_registered_estimator_names_are_accepted(monkeypatch: pytest.MonkeyPatch):
     core_algos = pytest.importorskip("rlflow.trainer.ppo.core_algos")
-    cfg = load_config(["algorithm.adv_estimator=my_est"])
+    cfg = load_config(["algorithm.adv_estimator=my_est"], config_name="demo")
     with pytest.raises(ValueError, match=re.escape("algorithm.adv_estimator='my_est'")):
         validate_config(cfg)
     monkeypatch.setitem(core_algos.ADV_ESTIMATOR_REGISTRY, "my_est", lambda **kw: None)
@@ -483,13 +578,20 @@ def test_cuda_device_needs_local_gpus(monkeypatch: pytest.MonkeyPatch):
     torch = pytest.importorskip("torch")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    with pytest.raises(ValueError, match=re.escape("trainer.device=cuda with trainer.n_gpus_per_node=2")):
-        validate_config(load_config(["trainer.device=cuda"]))
-    validate_config(load_config(["trainer.device=cuda", "ray_init.address=auto"]))  # a remote cluster
+    with pytest.raises(
+        ValueError,
+        match=re.escape("trainer.device=cuda with trainer.nnodes × trainer.n_gpus_per_node = 2 ranks"),
+    ):
+        validate_config(load_config(["trainer.device=cuda"], config_name="demo"))
+    validate_config(
+        load_config(["trainer.device=cuda", "ray_init.address=auto"], config_name="demo")
+    )  # a remote cluster
 
 
 def test_validate_accepts_a_dataclass_and_raises_no_assert():
-    validate_config(PPOTrainerConfig(), **HEADS)
+    good = PPOTrainerConfig()
+    good.ray_init.address = "ray://head:10001"  # verl's 8 ranks: as on a cluster
+    validate_config(good, **HEADS)
     bad = PPOTrainerConfig()
     bad.trainer.critic_warmup = -3
     with pytest.raises(ValueError, match=re.escape("trainer.critic_warmup=-3")):
@@ -497,5 +599,5 @@ def test_validate_accepts_a_dataclass_and_raises_no_assert():
 
 
 def test_remax_validates_now_that_the_trainer_generates_baselines():
-    cfg = load_config(["algorithm.adv_estimator=remax", f"{ROLLOUT}.n=2"])
+    cfg = load_config(["algorithm.adv_estimator=remax", f"{ROLLOUT}.n=2"], config_name="demo")
     validate_config(cfg, num_attention_heads=4, num_key_value_heads=2)

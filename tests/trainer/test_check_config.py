@@ -9,17 +9,17 @@ from rlflow.trainer.check_config import check_config, main, summary
 
 
 def test_summary_names_the_estimator_roles_and_geometry():
-    assert summary(check_config([])) == (
+    assert summary(check_config([], "demo")) == (
         "config OK: gae; roles: actor+rollout, critic; 1 x 2 ranks; 16 prompts x 1 responses per step; steps: 100"
     )
-    grpo = summary(check_config(["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4"]))
+    grpo = summary(check_config(["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4"], "demo"))
     assert grpo.startswith("config OK: grpo; roles: actor+rollout; ") and "16 prompts x 4 responses" in grpo
 
 
 def test_problems_exit_1_with_the_key(capsys):
     assert main(["trainer.total_epoch=3"]) == 1
     assert "(did you mean 'trainer.total_epochs'?)" in capsys.readouterr().err
-    assert main(["actor_rollout_ref.actor.ppo_mini_batch_size=5"]) == 1  # a rule of validate_config
+    assert main(["-cn", "demo", "actor_rollout_ref.actor.ppo_mini_batch_size=5"]) == 1  # validate_config
     assert (
         "ppo_mini_batch_size=5 must be <= data.train_batch_size=16 and divide it" in capsys.readouterr().err
     )
@@ -28,14 +28,15 @@ def test_problems_exit_1_with_the_key(capsys):
 
 
 def test_print_shows_the_resolved_config(capsys):
-    assert main(["--print", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]) == 0
+    args = ["--print", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
+    assert main(["--config-name=demo", *args]) == 0
     out = capsys.readouterr().out
     assert "train_batch_size: 8" in out and out.rstrip().endswith("steps: 100")
 
 
 def test_starts_no_ray_and_builds_no_warm_start(tmp_path):
     code = (
-        "import sys; from rlflow.trainer.check_config import main; rc = main([]); "
+        "import sys; from rlflow.trainer.check_config import main; rc = main(['--config-name', 'demo']); "
         "assert rc == 0; assert 'ray' not in sys.modules, 'ray imported'"
     )
     env = {"RLFLOW_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
@@ -44,3 +45,17 @@ def test_starts_no_ray_and_builds_no_warm_start(tmp_path):
     assert "config OK: gae" in proc.stdout
     built = sorted(p.name for p in tmp_path.iterdir())
     assert not any(name.startswith("tiny-sft") for name in built), built  # only the base model and task files
+
+
+def test_verls_defaults_name_the_demo_config_and_a_cluster_validates_them(capsys):
+    assert main(["ray_init.num_cpus=2"]) == 1  # ppo_trainer.yaml: verl's 8 ranks on a 2-CPU local Ray
+    err = capsys.readouterr().err
+    assert "trainer.n_gpus_per_node" in err and "--config-name demo" in err
+    assert main(["ray_init.address=ray://head:10001"]) == 0
+    assert (
+        capsys.readouterr()
+        .out.rstrip()
+        .endswith("1 x 8 ranks; 1024 prompts x 1 responses per step; steps: from total_epochs")
+    )
+    assert main(["--config-name"]) == 1
+    assert "--config-name needs a config name" in capsys.readouterr().err

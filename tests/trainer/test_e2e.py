@@ -65,7 +65,8 @@ def test_ppo_layouts_and_values_never_reach_the_driver(tmp_path, monkeypatch):
             "actor_rollout_ref.actor.use_dynamic_bsz=true",
             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64",
             f"critic.config_path={REPO / 'config' / 'examples' / 'critic_sp2.yaml'}",
-        )
+        ),
+        config_name="demo",
     )
     assert cfg.critic.ulysses_sequence_parallel_size == 2
     result = run_ppo(cfg)
@@ -87,7 +88,7 @@ def test_critic_warmup_leaves_actor_weights_bit_identical(tmp_path):
     def snapshot(worker):
         return {k: v.clone() for k, v in gather_full_params(worker.module).items()}
 
-    cfg = load_config(_overrides(tmp_path, "trainer.critic_warmup=2"))
+    cfg = load_config(_overrides(tmp_path, "trainer.critic_warmup=2"), config_name="demo")
     trainer = build_trainer(cfg)
     try:
         trainer.init_workers()
@@ -107,11 +108,13 @@ def test_exact_resume_at_epoch_boundary(tmp_path):
     """Stop after step 2 (= the end of epoch 1), resume, and steps 3-4 match an uninterrupted run."""
     train = _small_train_file(tmp_path, 16)  # 2 steps per epoch at batch 8
     common = [f"data.train_files={train}", "trainer.save_freq=2", "trainer.total_training_steps=4"]
-    full = run_ppo(load_config(_overrides(tmp_path / "full", *common, "trainer.resume_mode=disable")))
+    full = run_ppo(
+        load_config(_overrides(tmp_path / "full", *common, "trainer.resume_mode=disable"), config_name="demo")
+    )
     part = tmp_path / "part"
-    run_ppo(load_config(_overrides(part, *common[:2], "trainer.total_training_steps=2")))
+    run_ppo(load_config(_overrides(part, *common[:2], "trainer.total_training_steps=2"), config_name="demo"))
     assert (part / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "2"
-    resumed = run_ppo(load_config(_overrides(part, *common)))
+    resumed = run_ppo(load_config(_overrides(part, *common), config_name="demo"))
     want = {h["step"]: _comparable(h) for h in full["history"]}
     got = {h["step"]: _comparable(h) for h in resumed["history"]}
     assert sorted(got) == [3, 4]
@@ -160,7 +163,8 @@ def test_custom_advantage_function_end_to_end(tmp_path):
             "trainer.total_training_steps=1",
             f"algorithm.custom_advantage_function.path={path}",
             "algorithm.custom_advantage_function.name=my_advantage",
-        )
+        ),
+        config_name="demo",
     )
     result = run_ppo(cfg)
     lines = marker.read_text().split()
@@ -190,7 +194,8 @@ def test_grpo_without_critic(tmp_path):
             "actor_rollout_ref.rollout.val_kwargs.n=2",
             "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
             "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
-        )
+        ),
+        config_name="demo",
     )
     result = run_ppo(cfg)
     last = result["history"][-1]
@@ -223,7 +228,7 @@ def test_grpo_without_critic(tmp_path):
 
 def test_golden_metrics(tmp_path):
     """A short seeded run reproduces the stored metrics; refresh deliberately with RLFLOW_UPDATE_GOLDEN=1."""
-    cfg = load_config(_overrides(tmp_path, "trainer.total_training_steps=3"))
+    cfg = load_config(_overrides(tmp_path, "trainer.total_training_steps=3"), config_name="demo")
     history = [_comparable(h) for h in run_ppo(cfg)["history"]]
     if os.environ.get("RLFLOW_UPDATE_GOLDEN"):
         GOLDEN.parent.mkdir(parents=True, exist_ok=True)
@@ -264,7 +269,8 @@ def test_remax_baseline_is_the_greedy_reward_of_the_same_weights(tmp_path):
             f"data.train_files={train}",
             f"data.val_files={train}",
             "data.val_batch_size=8",
-        )
+        ),
+        config_name="demo",
     )
     history = run_ppo(cfg)["history"]
     before = next(h for h in history if h["step"] == 0)["val-core/rlflow/repeat/reward/mean@1"]
@@ -298,7 +304,8 @@ def test_reward_model_group_scores_the_responses(tmp_path):
             "trainer.total_training_steps=1",
             "reward_model.enable=true",
             f"reward_model.model.path={rm_dir}",
-        )
+        ),
+        config_name="demo",
     )
     last = run_ppo(cfg)["history"][-1]
     # A random reward head gives small non-zero real-valued scores, unlike the rule score (0 on this step).
@@ -318,7 +325,8 @@ def _learning_run(tmp_path: Path, *extra: str) -> list[tuple[int, float]]:
             f"trainer.log_dir={tmp_path / 'logs'}",
             f"trainer.default_local_dir={tmp_path / 'ckpt'}",
             *extra,
-        ]
+        ],
+        config_name="demo",
     )
     return [(h["step"], h[VAL_KEY]) for h in run_ppo(cfg)["history"] if VAL_KEY in h]
 
@@ -370,7 +378,8 @@ def test_kl_in_reward_kl_loss_and_custom_reward(tmp_path):
             "actor_rollout_ref.actor.use_kl_loss=true",
             f"custom_reward_function.path={path}",
             "+custom_reward_function.reward_kwargs.bonus=0.25",
-        )
+        ),
+        config_name="demo",
     )
     history = run_ppo(cfg)["history"]
     first, second = history[0], history[1]
@@ -398,7 +407,8 @@ def test_greedy_training_rollouts(tmp_path):
             "actor_rollout_ref.rollout.temperature=0",
             "actor_rollout_ref.rollout.calculate_log_probs=true",
             "actor_rollout_ref.actor.tis_imp_ratio_cap=2.0",
-        )
+        ),
+        config_name="demo",
     )
     last = run_ppo(cfg)["history"][-1]
     assert math.isfinite(last["actor/pg_loss"])
@@ -418,7 +428,11 @@ def test_resume_on_another_world_size(tmp_path, caplog):
     for first, second in ((2, 1), (1, 2)):
         run_dir = tmp_path / f"w{first}to{second}"
         common = [f"data.train_files={train}", "trainer.save_freq=1"]
-        full = run_ppo(load_config(_overrides(run_dir / "full", *common, f"trainer.n_gpus_per_node={first}")))
+        full = run_ppo(
+            load_config(
+                _overrides(run_dir / "full", *common, f"trainer.n_gpus_per_node={first}"), config_name="demo"
+            )
+        )
         caplog.clear()
         resumed = run_ppo(
             load_config(
@@ -428,7 +442,8 @@ def test_resume_on_another_world_size(tmp_path, caplog):
                     f"trainer.n_gpus_per_node={second}",
                     "trainer.resume_mode=resume_path",
                     f"trainer.resume_from_path={run_dir / 'full' / 'ckpt' / 'global_step_1'}",
-                )
+                ),
+                config_name="demo",
             )
         )
         notes = [r.getMessage() for r in caplog.records if "re-seeded" in r.getMessage()]

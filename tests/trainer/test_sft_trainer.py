@@ -78,7 +78,8 @@ def test_resume_continues_exactly_and_the_checkpoint_feeds_ppo(tmp_path: Path, r
                 "trainer.test_freq=-1",
                 "trainer.logger=[]",
                 f"trainer.default_local_dir={tmp_path / 'ppo'}",
-            ]
+            ],
+            config_name="demo",
         )
     )
     assert ppo["final"]["actor/grad_norm"] > 0

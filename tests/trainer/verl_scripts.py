@@ -3,7 +3,8 @@
 
 Kept: every key and value of the script. Edited, marked ``# env``: data and model paths (dropped: the
 embedded task and tiny model stand in), GPU counts, batch sizes and sequence lengths, the rollout engine
-(vLLM / SGLang need a GPU: ``hf``), tensor parallelism (1), the device, wandb. The scripts' names are
+(vLLM / SGLang need a GPU: ``hf``), tensor parallelism (1), the device, wandb, the data loader's worker processes (0 on 2 cores: the
+scripts keep verl's default 8). The scripts' names are
 those of verl's ``examples/`` (and ``recipe/dapo``) directories.
 """
 
@@ -44,6 +45,7 @@ DEEPSEEK7B_SP2 = [
     "trainer.project_name='verl_example_gsm8k'",
     "trainer.experiment_name='deepseek_llm_7b_function_rm_sp2'",
     "trainer.n_gpus_per_node=2",  # env: 8
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
     "trainer.nnodes=1",
     "trainer.save_freq=20",
     "trainer.test_freq=5",
@@ -82,6 +84,7 @@ GPG_QWEN2_7B_MATH = [
     "trainer.project_name='verl_gpg_example_gsm8k_math'",
     "trainer.experiment_name='qwen2_7b_function_rm'",
     "trainer.n_gpus_per_node=2",  # env: 8
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
     "trainer.nnodes=1",
     "trainer.save_freq=20",
     "trainer.test_freq=5",
@@ -124,6 +127,7 @@ PPO_QWEN2_7B_SEQ_BALANCE = [
     "trainer.project_name='verl_example_gsm8k'",
     "trainer.experiment_name='qwen2-7b_function_rm_bsz8k_p4k_r4k_seq_packing'",
     "trainer.n_gpus_per_node=2",  # env: 8
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
     "trainer.val_before_train=False",
     "trainer.nnodes=1",
     "trainer.save_freq=20",
@@ -163,6 +167,7 @@ GRPO_QWEN2_7B = [
     "trainer.project_name='verl_grpo_example_gsm8k'",
     "trainer.experiment_name='qwen2_7b_function_rm'",
     "trainer.n_gpus_per_node=2",  # env: 8
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
     "trainer.nnodes=1",
     "trainer.save_freq=20",
     "trainer.test_freq=5",
@@ -204,6 +209,7 @@ GRPO_QWEN2_7B_SEQ_BALANCE = [
     "trainer.experiment_name='qwen2_7b_function_rm_kl1e-3'",
     "trainer.val_before_train=False",
     "trainer.n_gpus_per_node=2",  # env: 8
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
     "trainer.nnodes=1",
     "trainer.save_freq=20",
     "trainer.test_freq=5",
@@ -242,6 +248,7 @@ REINFORCE_PP_QWEN2_7B_MATH = [
     "trainer.project_name='verl_grpo_example_gsm8k'",
     "trainer.experiment_name='qwen2_7b_function_rm'",
     "trainer.n_gpus_per_node=2",  # env: 16
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
     "trainer.nnodes=1",
     "trainer.save_freq=-1",
     "trainer.test_freq=5",
@@ -279,6 +286,7 @@ RLOO_QWEN2_7B = [
     "trainer.project_name='verl_rloo_example_gsm8k'",
     "trainer.experiment_name='qwen2_7b_function_rm'",
     "trainer.n_gpus_per_node=2",  # env: 8
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
     "trainer.nnodes=1",
     "trainer.device=cpu",  # env: cuda
     "trainer.save_freq=-1",
@@ -317,6 +325,7 @@ REMAX_QWEN25_3B_SEQ_BALANCE = [
     "trainer.experiment_name='qwen2.5_3b_function_rm_kl1e-3'",
     "trainer.val_before_train=False",
     "trainer.n_gpus_per_node=2",  # env: 8
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
     "trainer.nnodes=1",
     "trainer.save_freq=-1",
     "trainer.test_freq=5",
@@ -362,6 +371,7 @@ GMPO_QWEN3_8B = [
     "trainer.project_name=verl_gmpo_gsm8k_math",
     "trainer.experiment_name=qwen3_8b_vllm_fsdp",
     "trainer.n_gpus_per_node=2",  # env: 8
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
     "trainer.nnodes=1",
     "trainer.save_freq=20",
     "trainer.test_freq=5",
@@ -435,6 +445,7 @@ DAPO_7B_MATH = [
     "trainer.project_name=DAPO",
     "trainer.experiment_name=DAPO-Qwen2.5-7b-MATH-0527a1",
     "trainer.n_gpus_per_node=2",  # env: 8
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
     "trainer.nnodes=1",  # env: 8
     "trainer.val_before_train=True",
     "trainer.test_freq=10",

@@ -64,7 +64,8 @@ def _worker(rank: int) -> dict:
                 "data.train_batch_size=4",
                 "actor_rollout_ref.actor.ppo_mini_batch_size=4",
                 "data.max_response_length=4",
-            ]
+            ],
+            config_name="demo",
         )
     )
     dims = ParallelDims(world_size=1).build_meshes("cpu")
