@@ -8,6 +8,7 @@ owner per knob. The same rewrite applies to the keys of a critic config file (``
 verl                                        rlflow
 ==========================================  ==============================================
 ``critic.model.fsdp_config.*``              ``critic.fsdp_config.*``
+``reward_model.model_path``                 ``reward_model.model.path``
 ``actor_rollout_ref.actor.use_gpg_loss``    ``true``: ``actor.policy_loss.loss_mode=gpg``;
                                             ``false``: dropped (the loss mode stays)
 ==========================================  ==============================================
@@ -25,6 +26,7 @@ __all__ = ["FLAG_ALIASES", "KEY_ALIASES", "canonical_key", "rewrite_critic_file_
 
 KEY_ALIASES: dict[str, str] = {
     "critic.model.fsdp_config": "critic.fsdp_config",
+    "reward_model.model_path": "reward_model.model.path",
 }
 """verl key (or key prefix) -> rlflow key."""
 

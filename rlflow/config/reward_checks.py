@@ -57,11 +57,41 @@ def check_reward_model(cfg: DictConfig) -> None:
     at_least(cfg, "reward_model.num_workers", 0)
     positive(cfg, "reward_model.timeout_s", allow_none=True)
     number(cfg, "reward_model.timeout_score")
+    _check_inference(cfg)
     if not flag(cfg, "reward_model.enable"):
         return
     if value_at(cfg, "reward_model.model.path") is None:
         raise ValueError("reward_model.model.path must be set when reward_model.enable=true")
     at_least(cfg, "reward_model.micro_batch_size_per_gpu", 1)
+
+
+def _check_inference(cfg: DictConfig) -> None:
+    """``reward_model.inference``: the engine rlflow has, and input limits that cover the data's."""
+    prefix = "reward_model.inference"
+    name = value_at(cfg, f"{prefix}.name")
+    if name != "hf":
+        raise ValueError(
+            f"{prefix}.name={name!r}: rlflow scores with the reward model's sequence-classification forward in "
+            f"its own worker group, not a served engine; set {prefix}.name=hf (batching: "
+            "reward_model.micro_batch_size_per_gpu)"
+        )
+    tp = at_least(cfg, f"{prefix}.tensor_model_parallel_size", 1)
+    if tp != 1:
+        raise ValueError(
+            f"{prefix}.tensor_model_parallel_size={tp}: every rank of the reward-model group holds the whole "
+            "model and scores its share of the batch; set it to 1"
+        )
+    fraction = number(cfg, f"{prefix}.gpu_memory_utilization")
+    if not 0 < fraction <= 1:
+        raise ValueError(f"{prefix}.gpu_memory_utilization={fraction!r} must be in (0, 1]")
+    for side in ("prompt", "response"):
+        limit = at_least(cfg, f"{prefix}.{side}_length", 1)
+        data = value_at(cfg, f"data.max_{side}_length")
+        if limit < data:
+            raise ValueError(
+                f"{prefix}.{side}_length={limit} is shorter than data.max_{side}_length={data}: the reward "
+                f"model scores the policy's {side}s as they are; raise it (or leave it unset to follow the data)"
+            )
 
 
 def check_filter_groups(cfg: DictConfig) -> None:

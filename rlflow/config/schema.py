@@ -441,6 +441,31 @@ class RewardModelPathConfig:
 
 
 @dataclass
+class RewardModelInferenceConfig:
+    """``reward_model.inference``: how the reward model runs (verl's reward-loop keys).
+
+    rlflow scores with the model's sequence-classification forward in the reward-model worker group, on the
+    policy's tokens as they are (one tokenizer), data-parallel over the group's ranks.
+
+    Attributes:
+        name: the engine; ``hf`` (the forward in the worker group) is the one rlflow has: verl's served
+            ``vllm`` / ``sglang`` reward engines are refused with that advice.
+        gpu_memory_utilization: on CUDA, the fraction of the GPU's memory the reward-model process may hold
+            (``torch.cuda.set_per_process_memory_fraction``: a cap, not a pre-allocation); unused on CPU.
+        tensor_model_parallel_size: 1 (every rank holds the whole reward model); larger is refused.
+        prompt_length: longest prompt (tokens) the reward model scores; must cover ``data.max_prompt_length``.
+        response_length: longest response it scores; must cover ``data.max_response_length``. Each batch is
+            checked against both before scoring.
+    """
+
+    name: str = "hf"
+    gpu_memory_utilization: float = 0.5
+    tensor_model_parallel_size: int = 1
+    prompt_length: int = II("data.max_prompt_length")
+    response_length: int = II("data.max_response_length")
+
+
+@dataclass
 class RewardModelConfig:
     """``reward_model``: an optional model-based reward and the reward manager settings.
 
@@ -451,10 +476,14 @@ class RewardModelConfig:
             (`rlflow.reward.dapo`); naive takes none.
         num_workers: > 0 scores in a process pool of that size.
         timeout_s: per-sample timeout with the pool (None = none); a timed-out sample gets ``timeout_score``.
+        use_reward_loop: verl's switch between its two reward paths; rlflow has one (the reward-model group's
+            scores, then the reward manager), which both values run; the driver logs which it is.
     """
 
     enable: bool = False
     model: RewardModelPathConfig = field(default_factory=RewardModelPathConfig)
+    use_reward_loop: bool = False
+    inference: RewardModelInferenceConfig = field(default_factory=RewardModelInferenceConfig)
     micro_batch_size_per_gpu: int = 16
     reward_manager: str = "naive"
     reward_kwargs: dict[str, Any] = field(default_factory=dict)

@@ -111,6 +111,12 @@ def build_reward_fns(config: PPOTrainerConfig, tokenizer: Any) -> tuple[Any, Any
     custom = get_custom_reward_fn(config.custom_reward_function)
     rm = config.reward_model
     name = str(rm.reward_manager)
+    logger.info(
+        "reward: %s, then the %r reward manager (reward_model.use_reward_loop=%s: rlflow has one reward path)",
+        "the reward-model group's scores" if rm.enable else "the score function",
+        name,
+        bool(rm.use_reward_loop),
+    )
     manager = get_reward_manager_cls(name)
     common: dict[str, Any] = {"compute_score": custom, "reward_fn_key": str(config.data.reward_fn_key)}
     if name not in BUILTIN_REWARD_MANAGERS:

@@ -41,6 +41,14 @@ class RewardModelWorker(Worker):
     def init_model(self) -> None:
         init_distributed()
         self.device = current_device()
+        inference = self.config.reward_model.inference
+        fraction = float(inference.gpu_memory_utilization)
+        if self.device.type == "cuda":  # a cap on this process's share of the GPU (colocated roles share it)
+            torch.cuda.set_per_process_memory_fraction(fraction, self.device)
+        self.max_lengths = {
+            "prompt": int(inference.prompt_length),
+            "response": int(inference.response_length),
+        }
         model = self.config.reward_model.model
         # The actor's compute dtype (bf16 on the usual GPU recipe), on this rank's device.
         dtype = mixed_precision_dtypes(self.config.actor_rollout_ref.actor.fsdp_config.mixed_precision)[0]
@@ -52,6 +60,14 @@ class RewardModelWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_rm_score(self, data: DataProto) -> DataProto:
+        widths = {"response": data.batch["responses"].shape[-1]}
+        widths["prompt"] = data.batch["input_ids"].shape[-1] - widths["response"]
+        for side, width in widths.items():
+            if width > self.max_lengths[side]:
+                raise ValueError(
+                    f"reward model: {side}s of {width} tokens, longer than "
+                    f"reward_model.inference.{side}_length={self.max_lengths[side]}"
+                )
         spec = MicroBatchSpec(samples_per_micro_batch=int(self.config.reward_model.micro_batch_size_per_gpu))
         parts = []
         with torch.no_grad():

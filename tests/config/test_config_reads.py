@@ -28,6 +28,8 @@ REFUSED = {
     "actor_rollout_ref.rollout.multi_turn.enable": True,
     "actor_rollout_ref.rollout.multi_turn.format": "llama3_json",
     "trainer.use_legacy_worker_impl": "enable",
+    "reward_model.inference.name": "vllm",
+    "reward_model.inference.tensor_model_parallel_size": 2,
 }
 """Keys kept for verl compatibility whose other values rlflow refuses, with such a value."""
 

@@ -31,9 +31,32 @@ from .verl_scripts import (
 PORTS = {name: value for name, value in vars(verl_scripts).items() if name.isupper()}
 
 
+@pytest.fixture(scope="module")
+def reward_model_dir(tmp_path_factory) -> str:
+    """A tiny sequence-classification reward model with the policy's tokenizer (the RM script's model)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from rlflow.models.loader import load_tokenizer
+    from rlflow.models.tiny import get_tiny_model_path
+
+    base = get_tiny_model_path()
+    config = AutoConfig.from_pretrained(base)
+    config.num_labels = 1
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("rm")
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(out)
+    load_tokenizer(base).save_pretrained(out)
+    return str(out)
+
+
+def _environment(overrides: list[str], reward_model_dir: str) -> list[str]:
+    return [o.replace("{reward_model_dir}", reward_model_dir) for o in overrides]
+
+
 @pytest.mark.parametrize("name", sorted(PORTS))
-def test_port_composes_and_passes_every_check(name):
-    prepare_config(load_config(PORTS[name]), build_warm_start=False)
+def test_port_composes_and_passes_every_check(name, reward_model_dir):
+    prepare_config(load_config(_environment(PORTS[name], reward_model_dir)), build_warm_start=False)
 
 
 def test_the_async_rollout_mode_of_an_older_script_is_refused_saying_what_to_do():
@@ -145,3 +168,40 @@ def test_dapo_port_runs_two_steps_with_dynamic_sampling_and_the_overlong_buffer(
     assert "validation generations at step 0:" in out
     block = out.split("validation generations at step 0:")[1].splitlines()[1:11]
     assert all(line.startswith("  [score ") for line in block)
+
+
+def test_the_reward_loop_script_keeps_its_reward_model_settings(reward_model_dir):
+    cfg = prepare_config(
+        load_config(_environment(verl_scripts.PPO_QWEN2_7B_RM, reward_model_dir)), build_warm_start=False
+    )
+    rm = cfg.reward_model
+    assert rm.enable and rm.use_reward_loop and rm.model.path == reward_model_dir
+    assert (rm.inference.prompt_length, rm.inference.response_length) == (2048, 1024)
+    assert rm.inference.gpu_memory_utilization == pytest.approx(0.8) and rm.num_workers == 8
+    # verl's older spelling of the path (a stored version of the same script) is an alias
+    older = [
+        o.replace("reward_model.model.path=", "reward_model.model_path=")
+        for o in verl_scripts.PPO_QWEN2_7B_RM
+    ]
+    assert load_config(_environment(older, reward_model_dir)).reward_model.model.path == reward_model_dir
+    # the served engine of the script, and reward-model limits shorter than the data, are refused by name
+    for override, message in (
+        (
+            "reward_model.inference.name=vllm",
+            r"reward_model\.inference\.name='vllm'.*set reward_model\.inference\.name=hf",
+        ),
+        ("reward_model.inference.tensor_model_parallel_size=2", r"tensor_model_parallel_size=2.*set it to 1"),
+        (
+            "reward_model.inference.response_length=4",
+            r"response_length=4 is shorter than data\.max_response_length=8",
+        ),
+        (
+            "reward_model.inference.gpu_memory_utilization=0",
+            r"gpu_memory_utilization=0.* must be in \(0, 1\]",
+        ),
+    ):
+        with pytest.raises(ValueError, match=message):
+            prepare_config(
+                load_config([*_environment(verl_scripts.PPO_QWEN2_7B_RM, reward_model_dir), override]),
+                build_warm_start=False,
+            )

@@ -135,6 +135,60 @@ PPO_QWEN2_7B_SEQ_BALANCE = [
     "trainer.total_epochs=15",
 ]
 
+
+# examples/ppo_trainer/run_qwen2-7b_rm.sh (the version with verl's reward loop): PPO with a critic and a
+# model-based reward. ``{reward_model_dir}`` is a tiny sequence-classification model the test builds.
+PPO_QWEN2_7B_RM = [
+    "algorithm.adv_estimator=gae",
+    "data.train_batch_size=8",  # env: 1024
+    "data.max_prompt_length=32",  # env: 1024
+    "data.max_response_length=8",  # env: 512
+    "data.filter_overlong_prompts=True",
+    "data.truncation='error'",
+    "data.return_raw_chat=True",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.model.use_remove_padding=True",
+    "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # env: 256
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",  # env: 16
+    "actor_rollout_ref.actor.use_kl_loss=False",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",  # env: 16
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    "actor_rollout_ref.rollout.name=hf",  # env: vllm
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+    "critic.optim.lr=1e-5",
+    "critic.model.use_remove_padding=True",
+    "critic.optim.lr_warmup_steps_ratio=0.05",
+    "critic.model.enable_gradient_checkpointing=True",
+    "critic.ppo_micro_batch_size_per_gpu=4",  # env: 32
+    "critic.model.fsdp_config.param_offload=False",
+    "critic.model.fsdp_config.optimizer_offload=False",
+    "reward_model.enable=True",
+    "reward_model.model.path={reward_model_dir}",  # env: FsfairX-LLaMA3-RM-v0.1
+    "reward_model.use_reward_loop=True",
+    "reward_model.inference.name=hf",  # env: vllm (needs a GPU; rlflow's reward model is not served)
+    "reward_model.inference.gpu_memory_utilization=0.8",
+    "reward_model.inference.tensor_model_parallel_size=1",
+    "reward_model.inference.prompt_length=2048",
+    "reward_model.inference.response_length=1024",
+    "reward_model.num_workers=8",
+    "algorithm.use_kl_in_reward=False",
+    "trainer.critic_warmup=0",
+    "trainer.logger=[console]",  # env: console + wandb
+    "trainer.project_name='verl_example'",
+    "trainer.val_before_train=False",
+    "trainer.experiment_name='Qwen2-7B-Instruct_hybrid_rm'",
+    "trainer.n_gpus_per_node=2",  # env: 8
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
+    "trainer.nnodes=1",
+    "trainer.save_freq=20",
+    "trainer.test_freq=5",
+    "trainer.total_epochs=15",
+]
+
 # examples/grpo_trainer/run_qwen2-7b.sh: GRPO, 5 responses per prompt, low-variance KL loss.
 GRPO_QWEN2_7B = [
     "algorithm.adv_estimator=grpo",
