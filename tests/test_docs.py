@@ -101,7 +101,7 @@ def test_documented_trainer_commands_compose() -> None:
     """Every documented command line (README and docs) names existing keys with values of the right type,
     on the config it names (``--config-name``; verl's defaults otherwise)."""
     from rlflow.config import CONFIG_NAME
-    from rlflow.trainer.check_config import split_config_name
+    from rlflow.trainer.cli import split_config_name
 
     count = 0
     for text in [(REPO / "README.md").read_text(), *((DOCS / page).read_text() for page in CHECKED_PAGES)]:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["check_config", "main", "split_config_name", "summary"]
+__all__ = ["check_config", "main", "summary"]
 
 
 def check_config(overrides: Sequence[str], config_name: str | None = None) -> DictConfig:
@@ -44,23 +44,6 @@ def check_config(overrides: Sequence[str], config_name: str | None = None) -> Di
     return prepare_config(cfg, build_warm_start=False)
 
 
-def split_config_name(args: list[str]) -> tuple[str | None, list[str]]:
-    """``--config-name NAME`` / ``--config-name=NAME`` / ``-cn NAME`` out of ``args``: (NAME, the rest)."""
-    name, rest, i = None, [], 0
-    while i < len(args):
-        arg = args[i]
-        if arg.startswith("--config-name="):
-            name = arg.split("=", 1)[1]
-        elif arg in ("--config-name", "-cn"):
-            if i + 1 >= len(args):
-                raise ValueError(f"{arg} needs a config name, e.g. {arg} demo")
-            name, i = args[i + 1], i + 1
-        else:
-            rest.append(arg)
-        i += 1
-    return name, rest
-
-
 def summary(cfg: DictConfig) -> str:
     """One line: the estimator, the roles that will start, the layout and the step geometry."""
     from rlflow.config import needed_roles
@@ -79,6 +62,8 @@ def summary(cfg: DictConfig) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     from hydra.errors import ConfigCompositionException
+
+    from rlflow.trainer.cli import split_config_name
 
     args = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -215,7 +215,9 @@ def _hydra_main(cfg: DictConfig) -> None:
 def main() -> None:
     """Command-line entry point: Hydra, after rewriting verl's spellings of renamed keys."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    overrides = rewrite_overrides(sys.argv[1:])
+    from rlflow.trainer.cli import hydra_options_first
+
+    overrides = rewrite_overrides(hydra_options_first(sys.argv[1:]))
     try:
         check_override_keys(overrides, PPOTrainerConfig)
     except ValueError as err:

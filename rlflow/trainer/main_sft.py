@@ -97,6 +97,9 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Command-line entry point (unknown keys are refused with the closest ones before Hydra runs)."""
+    from rlflow.trainer.cli import hydra_options_first
+
+    sys.argv = [sys.argv[0], *hydra_options_first(sys.argv[1:])]
     try:
         check_override_keys(sys.argv[1:], SFTConfig, doc="config/sft_trainer.yaml")
     except ValueError as err:
