@@ -8,7 +8,10 @@ owner per knob. The same rewrite applies to the keys of a critic config file (``
 verl                                        rlflow
 ==========================================  ==============================================
 ``critic.model.fsdp_config.*``              ``critic.fsdp_config.*``
+``critic.fsdp.*`` (verl's engine config)    ``critic.fsdp_config.*``
 ``reward_model.model_path``                 ``reward_model.model.path``
+``reward_model.rollout.*`` (older verl)     ``reward_model.inference.*``
+``ray_kwargs.ray_init.*`` (newer verl)      ``ray_init.*``
 ``actor_rollout_ref.actor.use_gpg_loss``    ``true``: ``actor.policy_loss.loss_mode=gpg``;
                                             ``false``: dropped (the loss mode stays)
 ==========================================  ==============================================
@@ -26,7 +29,10 @@ __all__ = ["FLAG_ALIASES", "KEY_ALIASES", "canonical_key", "rewrite_critic_file_
 
 KEY_ALIASES: dict[str, str] = {
     "critic.model.fsdp_config": "critic.fsdp_config",
+    "critic.fsdp": "critic.fsdp_config",
     "reward_model.model_path": "reward_model.model.path",
+    "reward_model.rollout": "reward_model.inference",
+    "ray_kwargs.ray_init": "ray_init",
 }
 """verl key (or key prefix) -> rlflow key."""
 

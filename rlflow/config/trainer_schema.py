@@ -33,7 +33,8 @@ class TrainerConfig:
             loggers at every validation: printed on the console, appended to
             ``<log_dir>/val_generations.jsonl``, a text table in tensorboard, a wandb table; 0 = off.
         use_legacy_worker_impl: verl's choice between its two worker implementations; rlflow has one
-            (`rlflow.workers`), so ``auto`` and ``disable`` run it and ``enable`` is refused.
+            (`rlflow.workers`), so ``auto`` and ``disable`` (or ``false``, older verl's boolean) run it and
+            ``enable`` is refused.
     """
 
     project_name: str = "rlflow"

@@ -190,11 +190,11 @@ def _check_trainer(cfg: DictConfig) -> None:
     choice(cfg, "trainer.resume_mode", RESUME_MODES)
     at_least(cfg, "trainer.log_val_generations", 0)
     legacy = value_at(cfg, "trainer.use_legacy_worker_impl")
-    if legacy not in ("auto", "disable"):
+    if str(legacy).lower() not in ("auto", "disable", "false"):  # false: the boolean of older verl scripts
         raise ValueError(
             f"trainer.use_legacy_worker_impl={legacy!r}: rlflow has one worker implementation "
-            "(rlflow/workers, one file per role); 'auto' and 'disable' run it, and there is no legacy one "
-            "to enable"
+            "(rlflow/workers, one file per role); 'auto', 'disable' (or false) run it, and there is no legacy "
+            "one to enable"
         )
     loggers = value_at(cfg, "trainer.logger")
     loggers = [loggers] if isinstance(loggers, str) else loggers

@@ -8,7 +8,7 @@ import re
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from rlflow.config import PPOTrainerConfig, load_config
+from rlflow.config import PPOTrainerConfig, load_config, validate_config
 from rlflow.config.suggest import check_override_keys
 
 ACTOR = "actor_rollout_ref.actor"
@@ -20,7 +20,7 @@ ACTOR = "actor_rollout_ref.actor"
         ("trainer.nnode=2", "unknown config key 'trainer.nnode' (did you mean 'trainer.nnodes'?)"),
         ("critic.optim.lrr=1.0", "unknown config key 'critic.optim.lrr' (did you mean 'critic.optim.lr'"),
         # a key typed under the wrong section: the keys that end the same way come first
-        ("critic.fsdp.param_offload=true", "(did you mean 'critic.fsdp_config.param_offload' or"),
+        ("critic.sharding.param_offload=true", "(did you mean 'critic.fsdp_config.param_offload' or"),
         (
             "trainer.ray_wait_register_center_timeout=300",
             "unknown config key 'trainer.ray_wait_register_center_timeout' — every key",
@@ -116,6 +116,21 @@ def test_verl_key_aliases_are_rewritten(tmp_path):
     ]
     cfg = load_config(["critic.model.fsdp_config.optimizer_offload=true"], config_name="demo")
     assert cfg.critic.fsdp_config.optimizer_offload is True
+    # newer verl's spellings (critic engine config, reward-model engine, Ray options), and older verl's
+    cfg = load_config(
+        [
+            "critic.fsdp.param_offload=true",
+            "reward_model.rollout.prompt_length=64",
+            "reward_model.model_path=/rm",
+            "ray_kwargs.ray_init.num_cpus=3",
+            "trainer.use_legacy_worker_impl=False",
+        ],
+        config_name="demo",
+    )
+    assert cfg.critic.fsdp_config.param_offload is True and cfg.reward_model.inference.prompt_length == 64
+    assert cfg.reward_model.model.path == "/rm" and cfg.ray_init.num_cpus == 3
+    assert rewrite_overrides(["critic.fsdp_config.fsdp_size=2"]) == ["critic.fsdp_config.fsdp_size=2"]
+    validate_config(load_config(["trainer.use_legacy_worker_impl=False"], config_name="demo"))
     assert rewrite_critic_file_keys(
         {"model": {"fsdp_config": {"param_offload": True}, "path": "p"}, "world_size": 1}
     ) == {
