@@ -427,6 +427,18 @@ class CriticConfig:
 
 
 @dataclass
+class RewardModelOffloadConfig:
+    """``reward_model.model.fsdp_config`` (verl's name; the reward model is one plain copy per rank).
+
+    Attributes:
+        param_offload: keep the reward model's weights in host memory between scoring calls, on the device
+            only while it scores (frees accelerator memory for the colocated roles; nothing to do on CPU).
+    """
+
+    param_offload: bool = False
+
+
+@dataclass
 class RewardModelPathConfig:
     """``reward_model.model``.
 
@@ -438,6 +450,7 @@ class RewardModelPathConfig:
     path: str | None = None
     trust_remote_code: bool = False
     use_remove_padding: bool = II("actor_rollout_ref.model.use_remove_padding")
+    fsdp_config: RewardModelOffloadConfig = field(default_factory=RewardModelOffloadConfig)
 
 
 @dataclass

@@ -36,6 +36,12 @@ class RewardModelWorker(Worker):
         if tracking_enabled():
             track_reads(config)
         self.config = config
+        inference = config.reward_model.inference
+        self.max_lengths = {
+            "prompt": int(inference.prompt_length),
+            "response": int(inference.response_length),
+        }
+        self.offload = False  # set by init_model: param_offload on an accelerator
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def init_model(self) -> None:
@@ -45,10 +51,6 @@ class RewardModelWorker(Worker):
         fraction = float(inference.gpu_memory_utilization)
         if self.device.type == "cuda":  # a cap on this process's share of the GPU (colocated roles share it)
             torch.cuda.set_per_process_memory_fraction(fraction, self.device)
-        self.max_lengths = {
-            "prompt": int(inference.prompt_length),
-            "response": int(inference.response_length),
-        }
         model = self.config.reward_model.model
         # The actor's compute dtype (bf16 on the usual GPU recipe), on this rank's device.
         dtype = mixed_precision_dtypes(self.config.actor_rollout_ref.actor.fsdp_config.mixed_precision)[0]
@@ -56,7 +58,8 @@ class RewardModelWorker(Worker):
         self.use_remove_padding = bool(model.use_remove_padding)
         if self.use_remove_padding:
             set_packed_attention(self.module)
-        self.module.to(device=self.device, dtype=dtype).eval()
+        self.offload = bool(model.fsdp_config.param_offload) and self.device.type != "cpu"
+        self.module.to(device="cpu" if self.offload else self.device, dtype=dtype).eval()
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_rm_score(self, data: DataProto) -> DataProto:
@@ -70,6 +73,8 @@ class RewardModelWorker(Worker):
                 )
         spec = MicroBatchSpec(samples_per_micro_batch=int(self.config.reward_model.micro_batch_size_per_gpu))
         parts = []
+        if self.offload:
+            self.module.to(self.device)
         with torch.no_grad():
             for mb in split_micro_batches(data.batch, spec).batches:
                 parts.append(
@@ -82,4 +87,8 @@ class RewardModelWorker(Worker):
                         use_remove_padding=self.use_remove_padding,
                     )
                 )
+        if self.offload:  # back to host memory until the next batch
+            self.module.to("cpu")
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
         return DataProto.from_dict(tensors={"rm_scores": torch.cat(parts)})

@@ -143,6 +143,15 @@ def _worker(rank: int) -> dict:
     out["metrics"] = {**critic_metrics.meta_info["metrics"], **actor_metrics.meta_info["metrics"]}
     out["input_untouched"] = _on_cpu(batch)  # the caller's batch is not moved under its feet
     out["models_stay_lazy"] = all(_params_on(w.module, LAZY) for w in (actor, ref, critic, rm))
+    # reward_model.model.fsdp_config.param_offload: weights in host memory, on the device only to score
+    rm.module.to("cpu")
+    rm.offload = True
+    offloaded = rm.compute_rm_score(batch)
+    out["rm_offload"] = {
+        "params_on_cpu_after": _params_on(rm.module, "cpu"),
+        "scores_equal": torch.allclose(offloaded.batch["rm_scores"], scores.batch["rm_scores"], atol=1e-6),
+        "output_on_cpu": _on_cpu(offloaded),
+    }
     out["advantages"] = adv.batch["advantages"]
     return out
 
@@ -160,6 +169,7 @@ def test_every_data_method_moves_its_batch_to_the_worker_device_once():
         "compute_advantage",
     }
     assert out["input_untouched"] and out["models_stay_lazy"]
+    assert out["rm_offload"] == {"params_on_cpu_after": True, "scores_equal": True, "output_on_cpu": True}
     metrics = out["metrics"]
     for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm"):
         assert np.isfinite(metrics[key]), key
