@@ -30,7 +30,16 @@ def test_installed_wheel_finds_its_configs(tmp_path):
     )
     assert Path(out.stdout.strip()).resolve().is_relative_to(target.resolve())
     job = subprocess.run(
-        [sys.executable, "-m", "rlflow.trainer.main_ppo", "--cfg", "job", "algorithm.adv_estimator=grpo"],
+        [
+            sys.executable,
+            "-m",
+            "rlflow.trainer.main_ppo",
+            "--config-name",
+            "demo",
+            "--cfg",
+            "job",
+            "algorithm.adv_estimator=grpo",
+        ],
         cwd=work,
         env=env,
         capture_output=True,
@@ -39,4 +48,4 @@ def test_installed_wheel_finds_its_configs(tmp_path):
     )
     assert job.returncode == 0, job.stderr[-2000:]
     assert "adv_estimator: grpo" in job.stdout
-    assert "ppo_mini_batch_size" in job.stdout
+    assert "ppo_mini_batch_size: 4" in job.stdout  # demo.yaml on top of ppo_trainer.yaml, both in the wheel
