@@ -26,7 +26,7 @@ def hydra_options_first(args: Sequence[str]) -> list[str]:
     args = list(args)
     while i < len(args):
         arg = args[i]
-        if arg.startswith("-") and not arg.startswith(("--=", "-=")):
+        if arg.startswith("-"):
             options.append(arg)
             if arg in _WITH_VALUE and i + 1 < len(args):
                 options.append(args[i + 1])

@@ -12,13 +12,13 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-import torch
 from omegaconf import OmegaConf
 
 from rlflow.config import load_config, to_typed, validate_config
 from rlflow.config.reads import ENV_VAR, config_reads
 from rlflow.config.schema import PPOTrainerConfig
 from rlflow.trainer.main_ppo import build_tracker, build_trainer
+from tests.tiny_reward_model import save_tiny_reward_model
 
 REFUSED = {
     "reward_model.reward_manager": "prime",
@@ -80,22 +80,6 @@ def _interpolation_sources(reads: set[str]) -> set[str]:
     return out
 
 
-def _reward_model_dir(tmp_path: Path) -> str:
-    from transformers import AutoConfig, AutoModelForSequenceClassification
-
-    from rlflow.models.loader import load_tokenizer
-    from rlflow.models.tiny import get_tiny_model_path
-
-    base = get_tiny_model_path()
-    config = AutoConfig.from_pretrained(base)
-    config.num_labels = 1
-    torch.manual_seed(0)
-    out = tmp_path / "rm"
-    AutoModelForSequenceClassification.from_config(config).save_pretrained(out)
-    load_tokenizer(base).save_pretrained(out)
-    return str(out)
-
-
 def _run_and_collect(overrides: list[str]) -> set[str]:
     trainer = build_trainer(load_config(overrides, config_name="demo"))
     trainer.tracker = build_tracker(trainer.config)  # the labelled typed config, as run_ppo does
@@ -144,7 +128,7 @@ def test_every_key_is_read_or_refused(tmp_path, monkeypatch):
         "actor_rollout_ref.actor.entropy_coeff=0.01",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
         "reward_model.enable=true",
-        f"reward_model.model.path={_reward_model_dir(tmp_path)}",
+        f"reward_model.model.path={save_tiny_reward_model(tmp_path / 'rm')}",
         "reward_model.num_workers=1",
         "reward_model.timeout_s=30",
         "+critic.model.override_config.attention_dropout=0.0",

@@ -285,19 +285,9 @@ def test_remax_baseline_is_the_greedy_reward_of_the_same_weights(tmp_path):
 def test_reward_model_group_scores_the_responses(tmp_path):
     """``reward_model.enable``: a sequence-classification model in its own colocated group replaces the
     rule score; its score sits at the last valid response token."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from tests.tiny_reward_model import save_tiny_reward_model
 
-    from rlflow.models.loader import load_tokenizer
-    from rlflow.models.tiny import get_tiny_model_path
-
-    base = get_tiny_model_path()
-    config = AutoConfig.from_pretrained(base)
-    config.num_labels = 1
-    torch.manual_seed(0)
-    rm = AutoModelForSequenceClassification.from_config(config)
-    rm_dir = tmp_path / "rm"
-    rm.save_pretrained(rm_dir)
-    load_tokenizer(base).save_pretrained(rm_dir)
+    rm_dir = save_tiny_reward_model(tmp_path / "rm")
     cfg = load_config(
         _overrides(
             tmp_path,

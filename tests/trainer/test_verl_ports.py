@@ -14,6 +14,7 @@ import pytest
 
 from rlflow.config import load_config
 from rlflow.trainer.main_ppo import prepare_config, run_ppo
+from tests.tiny_reward_model import save_tiny_reward_model
 
 from . import verl_scripts
 from .verl_scripts import (
@@ -34,20 +35,7 @@ PORTS = {name: value for name, value in vars(verl_scripts).items() if name.isupp
 @pytest.fixture(scope="module")
 def reward_model_dir(tmp_path_factory) -> str:
     """A tiny sequence-classification reward model with the policy's tokenizer (the RM script's model)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForSequenceClassification
-
-    from rlflow.models.loader import load_tokenizer
-    from rlflow.models.tiny import get_tiny_model_path
-
-    base = get_tiny_model_path()
-    config = AutoConfig.from_pretrained(base)
-    config.num_labels = 1
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("rm")
-    AutoModelForSequenceClassification.from_config(config).save_pretrained(out)
-    load_tokenizer(base).save_pretrained(out)
-    return str(out)
+    return save_tiny_reward_model(tmp_path_factory.mktemp("rm"))
 
 
 def _environment(overrides: list[str], reward_model_dir: str) -> list[str]:

@@ -1,0 +1,52 @@
+"""Does the placement group fit the local Ray? (part of `rlflow.config.validate.validate_config`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from omegaconf import DictConfig
+
+from rlflow.config.checks import value_at
+
+__all__ = ["check_local_resources"]
+
+
+def _local_ray_cpus(cfg: DictConfig) -> float:
+    """CPUs of the local Ray the run uses: the running one's, else ``ray_init.num_cpus``, else this machine's."""
+    ray = sys.modules.get("ray")  # not imported → not running (and validation does not import it)
+    if ray is not None and ray.is_initialized():
+        return float(ray.cluster_resources().get("CPU", 0.0))
+    return float(value_at(cfg, "ray_init.num_cpus") or os.cpu_count() or 1)
+
+
+def check_local_resources(cfg: DictConfig) -> None:
+    """A local Ray must hold the placement group: ``nnodes × n_gpus_per_node`` CUDA devices with
+    ``trainer.device=cuda``; ``× cpus_per_worker`` CPUs on CPU. Checked here, before Ray starts, rather than
+    as a placement timeout later."""
+    if value_at(cfg, "ray_init.address") is not None or os.environ.get("RAY_ADDRESS"):
+        return  # a remote cluster: its resources are checked when the placement group is created
+    import torch
+
+    device = value_at(cfg, "trainer.device")
+    ranks = int(value_at(cfg, "trainer.nnodes")) * int(value_at(cfg, "trainer.n_gpus_per_node"))
+    if device == "cuda":
+        have = torch.cuda.device_count()
+        if have < ranks:
+            raise ValueError(
+                f"trainer.device=cuda with trainer.nnodes × trainer.n_gpus_per_node = {ranks} ranks, but this "
+                f"machine has {have} CUDA device(s) and ray_init.address is null (local Ray)"
+            )
+        return
+    if device == "auto" and torch.cuda.is_available():
+        return  # the GPU count is checked by Ray's placement group on a GPU machine
+    per_worker = float(value_at(cfg, "trainer.cpus_per_worker"))
+    need, have = ranks * per_worker, _local_ray_cpus(cfg)
+    if need > have:
+        raise ValueError(
+            f"trainer.nnodes × trainer.n_gpus_per_node × trainer.cpus_per_worker = {ranks} × {per_worker:g} = "
+            f"{need:g} CPUs for the placement group, but the local Ray has {have:g} (ray_init.num_cpus, else "
+            "this machine's CPUs): lower trainer.n_gpus_per_node (ppo_trainer.yaml has verl's 8) or "
+            "trainer.cpus_per_worker, or join a cluster with ray_init.address. The embedded CPU demo: "
+            "python -m rlflow.trainer.main_ppo --config-name demo"
+        )
