@@ -6,13 +6,17 @@ from omegaconf import DictConfig
 
 from rlflow.config.checks import at_least, choice, flag, number, value_at
 
-__all__ = ["ROLLOUT_NAMES", "check_rollout"]
+__all__ = ["ROLLOUT_MODES", "ROLLOUT_NAMES", "check_rollout"]
 
 ROLLOUT = "actor_rollout_ref.rollout"
 
 ROLLOUT_NAMES = ("hf", "vllm")
 """``actor_rollout_ref.rollout.name`` values: the engines of `rlflow.rollout.ROLLOUT_CLASSES` (a test keeps
 the two equal; the rollout package sits above the config, so the names are listed here)."""
+
+ROLLOUT_MODES = ("sync", "async")
+"""``actor_rollout_ref.rollout.mode`` values. verl's ``async`` serves the engine to its agent loop; for
+the single-turn rollouts rlflow has, both run the same engine call (see `RolloutSection`)."""
 
 
 def _check_sampling(cfg: DictConfig, prefix: str) -> None:
@@ -36,11 +40,10 @@ def check_rollout(cfg: DictConfig) -> None:
     """``actor_rollout_ref.rollout``: engine, sampling (training and validation), lengths, engine limits."""
     choice(cfg, f"{ROLLOUT}.name", ROLLOUT_NAMES)
     mode = value_at(cfg, f"{ROLLOUT}.mode")
-    if mode != "sync":
+    if mode not in ROLLOUT_MODES:
         raise ValueError(
-            f"{ROLLOUT}.mode={mode!r}: rlflow's rollouts are synchronous calls on the workers (mode=sync); "
-            "verl's async mode serves the engine for agent loops and multi-turn rollouts, which rlflow does "
-            "not have — drop the key (single-turn scripts sample the same with sync)"
+            f"{ROLLOUT}.mode={mode!r}: expected one of {list(ROLLOUT_MODES)} (verl's rollout modes; rlflow runs "
+            "its single-turn engine on the actor workers for both)"
         )
     if flag(cfg, f"{ROLLOUT}.multi_turn.enable"):
         raise ValueError(

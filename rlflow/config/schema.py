@@ -310,8 +310,11 @@ class RolloutSection:
 
     Attributes:
         name: hf (embedded, CPU too) | vllm (GPU extra).
-        mode: sync: each generation call returns the whole batch (rlflow's rollouts); verl's server-based
-            async mode is refused.
+        mode: sync | async, verl's two ways to drive the engine (async: a served engine fed request by
+            request through verl's agent loop, verl's default since it deprecated sync). rlflow's rollouts
+            are single-turn calls on the actor workers: both values run that engine and sample the same
+            responses (the driver logs the mode); what async serves beyond that (multi-turn, agent loops)
+            is refused by its own keys.
         multi_turn: verl's multi-turn section; single-turn only (``enable=false``).
         temperature: softmax temperature; 0 means greedy (as in vLLM); log-probs are then taken at 1.
         top_k: keep the k most likely tokens; -1 (or 0) = off.
@@ -340,7 +343,7 @@ class RolloutSection:
     """
 
     name: str = "hf"
-    mode: str = "sync"
+    mode: str = "async"
     multi_turn: MultiTurnSection = field(default_factory=MultiTurnSection)
     temperature: float = 1.0
     top_k: int = -1

@@ -141,6 +141,18 @@ def build_reward_fns(config: PPOTrainerConfig, tokenizer: Any) -> tuple[Any, Any
     return train, val
 
 
+def rollout_summary(config: PPOTrainerConfig) -> str:
+    """One line on how responses are generated, logged when the trainer is built (``rollout.mode`` read)."""
+    rollout = config.actor_rollout_ref.rollout
+    mode = str(rollout.mode)
+    how = (
+        "verl's served-engine mode; rlflow's single-turn engine serves the batch in the actor workers"
+        if mode == "async"
+        else "one engine call per batch in the actor workers"
+    )
+    return f"rollout: engine {rollout.name!r}, mode={mode} ({how}), n={int(rollout.n)}"
+
+
 def build_tracker(config: PPOTrainerConfig) -> Any:
     """The run's tracker (``trainer.logger`` backends under ``trainer.log_dir``)."""
     from rlflow.logging.tracking import Tracking
@@ -168,6 +180,7 @@ def _trainer(config: PPOTrainerConfig, tracker: Any | None) -> Any:
     )
     train_loader, val_loader = build_data(config, tokenizer)
     reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
+    logger.info("%s", rollout_summary(config))
     custom_adv = None
     spec = config.algorithm.custom_advantage_function
     if spec.path:

@@ -24,7 +24,7 @@ REFUSED = {
     "reward_model.reward_manager": "prime",
     "reward_model.reward_kwargs.max_resp_len": 8,  # (appended with '+') the naive manager takes none
     "reward_model.launch_reward_fn_async": True,
-    "actor_rollout_ref.rollout.mode": "async",
+    "actor_rollout_ref.rollout.mode": "server",
     "actor_rollout_ref.rollout.multi_turn.enable": True,
     "actor_rollout_ref.rollout.multi_turn.format": "llama3_json",
     "trainer.use_legacy_worker_impl": "enable",

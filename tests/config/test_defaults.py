@@ -31,6 +31,7 @@ VERL_DEFAULTS = {
     f"{ACTOR}.optim.lr": 1e-6,
     f"{ACTOR}.optim.weight_decay": 0.01,
     f"{ACTOR}.optim.lr_warmup_steps": -1,
+    f"{ROLLOUT}.mode": "async",
     f"{ROLLOUT}.temperature": 1.0,
     f"{ROLLOUT}.gpu_memory_utilization": 0.5,
     f"{ROLLOUT}.val_kwargs.temperature": 0.0,

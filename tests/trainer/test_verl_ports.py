@@ -47,10 +47,22 @@ def test_port_composes_and_passes_every_check(name, reward_model_dir):
     prepare_config(load_config(_environment(PORTS[name], reward_model_dir)), build_warm_start=False)
 
 
-def test_the_async_rollout_mode_of_an_older_script_is_refused_saying_what_to_do():
-    with pytest.raises(ValueError, match=r"rollout\.mode='async'.*drop the key"):
+def test_verls_async_rollout_mode_is_accepted_and_logged():
+    """verl's default ``rollout.mode=async`` (and the older ``sync``) compose and validate; the trainer's
+    log says which mode runs and that it is rlflow's single-turn engine. Other values are refused."""
+    from rlflow.config import to_typed
+    from rlflow.trainer.main_ppo import rollout_summary
+
+    for mode, said in (("async", "served-engine mode"), ("sync", "one engine call per batch")):
+        cfg = prepare_config(
+            load_config([*GRPO_QWEN2_7B_SEQ_BALANCE, f"actor_rollout_ref.rollout.mode={mode}"]),
+            build_warm_start=False,
+        )
+        line = rollout_summary(to_typed(cfg))
+        assert f"mode={mode}" in line and said in line and "n=5" in line
+    with pytest.raises(ValueError, match=r"rollout\.mode='server': expected one of \['sync', 'async'\]"):
         prepare_config(
-            load_config([*GRPO_QWEN2_7B_SEQ_BALANCE, "actor_rollout_ref.rollout.mode=async"]),
+            load_config([*GRPO_QWEN2_7B_SEQ_BALANCE, "actor_rollout_ref.rollout.mode=server"]),
             build_warm_start=False,
         )
 

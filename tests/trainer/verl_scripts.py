@@ -229,7 +229,7 @@ GRPO_QWEN2_7B = [
 ]
 
 # examples/grpo_trainer/run_qwen2-7b_seq_balance.sh: GRPO with dynamic batch sizes (an older version also
-# set actor_rollout_ref.rollout.mode=async, which rlflow refuses: tests/trainer/test_verl_ports.py).
+# sets actor_rollout_ref.rollout.mode=async: tests/trainer/test_verl_ports.py runs the list with it).
 GRPO_QWEN2_7B_SEQ_BALANCE = [
     "algorithm.adv_estimator=grpo",
     "data.return_raw_chat=True",
