@@ -12,6 +12,8 @@ verl                                        rlflow
 ``reward_model.model_path``                 ``reward_model.model.path``
 ``reward_model.rollout.*`` (older verl)     ``reward_model.inference.*``
 ``ray_kwargs.ray_init.*`` (newer verl)      ``ray_init.*``
+``rollout.checkpoint_engine.update_weights  ``rollout.update_weights_bucket_megabytes``
+_bucket_megabytes`` (newer verl)            (both under ``actor_rollout_ref``)
 ``actor_rollout_ref.actor.use_gpg_loss``    ``true``: ``actor.policy_loss.loss_mode=gpg``;
                                             ``false``: dropped (the loss mode stays)
 ==========================================  ==============================================
@@ -33,6 +35,9 @@ KEY_ALIASES: dict[str, str] = {
     "reward_model.model_path": "reward_model.model.path",
     "reward_model.rollout": "reward_model.inference",
     "ray_kwargs.ray_init": "ray_init",
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": (
+        "actor_rollout_ref.rollout.update_weights_bucket_megabytes"
+    ),
 }
 """verl key (or key prefix) -> rlflow key."""
 

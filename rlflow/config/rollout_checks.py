@@ -67,6 +67,7 @@ def check_rollout(cfg: DictConfig) -> None:
         )
     at_least(cfg, f"{ROLLOUT}.response_length", 1)
     at_least(cfg, f"{ROLLOUT}.micro_batch_size", 1, allow_none=True)
+    at_least(cfg, f"{ROLLOUT}.update_weights_bucket_megabytes", 1)
     tp = at_least(cfg, f"{ROLLOUT}.tensor_model_parallel_size", 1)
     if value_at(cfg, f"{ROLLOUT}.name") == "vllm":
         _check_vllm(cfg, tp)

@@ -340,6 +340,9 @@ class RolloutSection:
         max_num_seqs: vllm: scheduler sequence budget per step.
         max_model_len: vllm: context length; None = ``prompt_length + response_length``.
         enable_chunked_prefill: vllm: chunked prefill.
+        update_weights_bucket_megabytes: bringing the actor's weights into the engine (hf replica, vllm)
+            all-gathers them in buckets of at most this many MiB, one collective per bucket; peak extra
+            memory about two buckets (verl's key, also spelled ``checkpoint_engine.<key>``).
     """
 
     name: str = "hf"
@@ -368,6 +371,7 @@ class RolloutSection:
     max_num_seqs: int = 1024
     max_model_len: int | None = None
     enable_chunked_prefill: bool = True
+    update_weights_bucket_megabytes: int = 512
 
 
 @dataclass

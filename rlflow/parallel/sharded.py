@@ -31,6 +31,7 @@ __all__ = [
     "base_model_class",
     "clean_param_name",
     "clip_grad_norm_",
+    "full_copy",
     "gather_full_grads",
     "gather_full_params",
     "get_full_state_dict",
@@ -178,7 +179,7 @@ def get_full_state_dict(model: nn.Module, rank0_only: bool = True) -> dict[str, 
     return {clean_param_name(k): v.detach().cpu() for k, v in state.items()}
 
 
-def _full_copy(t: torch.Tensor) -> torch.Tensor:
+def full_copy(t: torch.Tensor) -> torch.Tensor:
     """A full, detached tensor that shares no memory with ``t`` (gathered when ``t`` is a DTensor).
 
     ``DTensor.full_tensor()`` returns the local tensor itself when nothing needs gathering (a mesh
@@ -224,7 +225,7 @@ def iter_full_params(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """
     if not is_fsdp1(model):
         for name, param in model.named_parameters():
-            yield clean_param_name(name), _full_copy(param)
+            yield clean_param_name(name), full_copy(param)
         return
     seen: set[int] = set()
     for unit_name, unit in model.named_modules():
@@ -255,9 +256,7 @@ def gather_full_grads(model: nn.Module) -> dict[str, torch.Tensor]:
                 for n, p in model.named_parameters()
                 if p.grad is not None
             }
-    return {
-        clean_param_name(n): _full_copy(p.grad) for n, p in model.named_parameters() if p.grad is not None
-    }
+    return {clean_param_name(n): full_copy(p.grad) for n, p in model.named_parameters() if p.grad is not None}
 
 
 # --------------------------------------------------------------------------- offload between phases

@@ -4,8 +4,9 @@ How one ``generate_sequences`` call runs:
 
 1. **Weights.** A plain module generates directly. An FSDP2 (``fully_shard``) or FSDP1 module is
    never run during decoding: its full weights are gathered once into an unsharded *generation
-   replica* (the same HF class built from the same config on ``meta``, then materialised), tensor by
-   tensor: ``DTensor.full_tensor()`` for FSDP2, ``FSDP.summon_full_params`` for FSDP1. Decoding then
+   replica* (the same HF class built from the same config on ``meta``, then materialised): FSDP2
+   parameters are all-gathered in buckets of ``update_weights_bucket_megabytes``, one collective per
+   bucket (`rlflow.parallel.weight_buckets`); FSDP1 ones inside ``FSDP.summon_full_params``. Decoding then
    runs on the replica with no collectives, so ranks with different prompts, micro-batch counts and
    stopping times never wait for each other. ``free_cache_engine`` drops the replica after the call
    (True) or keeps its memory for the next one (False).
@@ -40,6 +41,7 @@ from torch.distributed.tensor import DTensor
 
 from rlflow.models.attention import GENERATION_ATTENTION
 from rlflow.parallel.distributed import get_rank
+from rlflow.parallel.weight_buckets import MIB, iter_full_param_buckets
 from rlflow.protocol import DataProto
 from rlflow.rollout.base import (
     ROLLOUT_KEY,
@@ -235,38 +237,58 @@ def build_generation_replica(
     return replica.eval()
 
 
-def sync_replica_weights(module: nn.Module, replica: nn.Module) -> None:
-    """Copy the full weights of a sharded ``module`` into ``replica``, one tensor at a time (collective).
+def sync_replica_weights(module: nn.Module, replica: nn.Module, bucket_bytes: int = 512 * MIB) -> None:
+    """Copy the full weights of a sharded ``module`` into ``replica`` (collective).
 
-    FSDP2: each parameter is all-gathered with ``DTensor.full_tensor()`` and copied, so at most one
-    full tensor is in flight. FSDP1: inside ``summon_full_params(writeback=False)``. Buffers (e.g.
-    rotary ``inv_freq``) are copied from the module. Every rank must call this in the same order.
+    FSDP2: the parameters are all-gathered bucket by bucket, one collective per bucket of at most
+    ``bucket_bytes`` (`rlflow.parallel.weight_buckets`), and copied. FSDP1: inside
+    ``summon_full_params(writeback=False)``. Buffers (e.g. rotary ``inv_freq``) are copied from the
+    module. Every rank must call this in the same order.
 
     Args:
         module: FSDP1 wrapper or FSDP2 module.
         replica: from `build_generation_replica` for the same model.
+        bucket_bytes: the most bytes of full tensors per gather
+            (``rollout.update_weights_bucket_megabytes``).
+
+    Raises:
+        ValueError: a replica tensor the module does not have, or has with another shape.
     """
-    ctx = (
-        FSDP.summon_full_params(module, writeback=False)
-        if isinstance(module, FSDP)
-        else contextlib.nullcontext()
-    )
-    with torch.no_grad(), ctx:
-        tensors = itertools.chain(replica.named_parameters(), replica.named_buffers())
-        for name, target in tensors:
-            try:
-                source = _get_attr_path(module, name)
-            except AttributeError as exc:
-                raise ValueError(f"generation replica: the sharded model has no tensor {name!r}") from exc
-            if isinstance(source, DTensor):
-                source = source.full_tensor()
-            if tuple(source.shape) != tuple(target.shape):
-                raise ValueError(
-                    f"generation replica: {name!r} has shape {tuple(source.shape)} in the sharded model but "
-                    f"{tuple(target.shape)} in the replica"
-                )
-            target.copy_(source)
-            del source
+    if isinstance(module, FSDP):
+        with torch.no_grad(), FSDP.summon_full_params(module, writeback=False):
+            for name, target in itertools.chain(replica.named_parameters(), replica.named_buffers()):
+                _copy_into(name, target, _module_tensor(module, name))
+        return
+    targets = dict(replica.named_parameters())
+    with torch.no_grad():
+        for bucket in iter_full_param_buckets(module, bucket_bytes):
+            for name, full in bucket:
+                target = targets.pop(name, None)
+                if target is None:
+                    raise ValueError(f"generation replica: it has no parameter {name!r} of the sharded model")
+                _copy_into(name, target, full)
+            del bucket
+        if targets:
+            raise ValueError(f"generation replica: the sharded model has no tensor {sorted(targets)[0]!r}")
+        for name, target in replica.named_buffers():
+            source = _module_tensor(module, name)
+            _copy_into(name, target, source.full_tensor() if isinstance(source, DTensor) else source)
+
+
+def _module_tensor(module: nn.Module, name: str) -> torch.Tensor:
+    try:
+        return _get_attr_path(module, name)
+    except AttributeError as exc:
+        raise ValueError(f"generation replica: the sharded model has no tensor {name!r}") from exc
+
+
+def _copy_into(name: str, target: torch.Tensor, source: torch.Tensor) -> None:
+    if tuple(source.shape) != tuple(target.shape):
+        raise ValueError(
+            f"generation replica: {name!r} has shape {tuple(source.shape)} in the sharded model but "
+            f"{tuple(target.shape)} in the replica"
+        )
+    target.copy_(source)
 
 
 @contextlib.contextmanager
@@ -360,7 +382,7 @@ class HFRollout(BaseRollout):
         start = time.perf_counter()
         if self.replica is None:
             self.replica = build_generation_replica(self.module, self._replica_dtype())
-        sync_replica_weights(self.module, self.replica)
+        sync_replica_weights(self.module, self.replica, self.config.update_weights_bucket_megabytes * MIB)
         self.last_weight_sync_s = time.perf_counter() - start
         try:
             yield self.replica

@@ -12,8 +12,9 @@ How it works, and the choices that keep it consistent with the trainer:
   ranks) and with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the engine's model lives in this process and
   the weights can be loaded into it directly. ``load_format="dummy"``: the weights come from the actor.
 * **Weights.** Before each call the engine wakes up (sleep mode when ``free_cache_engine``) and receives
-  the actor's full parameters one tensor at a time (`rlflow.parallel.sharded.iter_full_params`: FSDP1 and
-  FSDP2, wrapper prefixes stripped, one full tensor in flight; a collective over the actor's ranks).
+  the actor's full parameters bucket by bucket (`rlflow.parallel.weight_buckets`: FSDP1 and FSDP2,
+  wrapper prefixes stripped, at most ``update_weights_bucket_megabytes`` gathered by one collective over
+  the actor's ranks, about two buckets in flight).
 * **Stopping.** ``skip_tokenizer_init=True`` (token ids in, token ids out), so the trainer's EOS ids are
   passed as ``stop_token_ids`` of every request.
 * **Log-probs** (``calculate_log_probs``): ``logprobs_mode="processed_logprobs"`` makes vLLM report the
@@ -38,7 +39,7 @@ import torch
 from torch import nn
 
 from rlflow.parallel.distributed import get_rank
-from rlflow.parallel.sharded import iter_full_params
+from rlflow.parallel.weight_buckets import MIB, iter_full_param_buckets
 from rlflow.protocol import DataProto
 from rlflow.rollout.base import (
     BaseRollout,
@@ -180,8 +181,10 @@ class VLLMRollout(BaseRollout):
             self.engine.sleep(level=1)
 
     def sync_weights(self) -> None:
-        """Push the actor's full weights into the engine, one tensor at a time (collective over the actor)."""
-        weights = iter_full_params(self.module)
+        """Push the actor's full weights into the engine (collective over the actor): gathered in buckets
+        of ``update_weights_bucket_megabytes``, one collective each, handed to ``load_weights`` in order."""
+        buckets = iter_full_param_buckets(self.module, int(self.config.update_weights_bucket_megabytes) * MIB)
+        weights = (item for bucket in buckets for item in bucket)
         if hasattr(self.engine, "apply_model"):
             self.engine.apply_model(lambda model: model.load_weights(weights=weights))
             return
