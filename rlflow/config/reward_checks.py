@@ -62,7 +62,19 @@ def check_reward_model(cfg: DictConfig) -> None:
         return
     if value_at(cfg, "reward_model.model.path") is None:
         raise ValueError("reward_model.model.path must be set when reward_model.enable=true")
-    at_least(cfg, "reward_model.micro_batch_size_per_gpu", 1)
+    if not flag(cfg, "reward_model.use_dynamic_bsz"):
+        at_least(cfg, "reward_model.micro_batch_size_per_gpu", 1)
+        return
+    key = "reward_model.forward_max_token_len_per_gpu"
+    budget = at_least(cfg, key, 1)
+    longest = value_at(cfg, "reward_model.inference.prompt_length") + value_at(
+        cfg, "reward_model.inference.response_length"
+    )
+    if budget < longest:
+        raise ValueError(
+            f"{key}={budget} must be >= the longest sequence the reward model scores, "
+            f"reward_model.inference.prompt_length + response_length = {longest}"
+        )
 
 
 def _check_inference(cfg: DictConfig) -> None:

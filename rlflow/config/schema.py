@@ -109,6 +109,17 @@ class DataConfig:
 
 
 @dataclass
+class FusedKernelOptions:
+    """``actor_rollout_ref.model.fused_kernel_options``.
+
+    Attributes:
+        impl_backend: torch (rlflow's chunked fused head).
+    """
+
+    impl_backend: str = "torch"
+
+
+@dataclass
 class ModelConfig:
     """``actor_rollout_ref.model``: the policy (also the reference policy and the rollout weights).
 
@@ -123,6 +134,9 @@ class ModelConfig:
             config is validated and by every worker before it builds its model: modules that register HF
             models, advantage estimators, policy losses or reward managers
             (`rlflow.utils.import_utils.import_external_libs`).
+        use_fused_kernels: the actor and the reference compute log-probs and entropy from the hidden
+            states chunk by chunk, never holding the whole micro-batch's logits (`rlflow.models.fused_head`).
+        fused_kernel_options: ``impl_backend``: torch (the chunked PyTorch head; verl's triton is refused).
     """
 
     path: str | None = None
@@ -133,6 +147,8 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = True
     override_config: dict[str, Any] = field(default_factory=dict)
     external_lib: Any = None
+    use_fused_kernels: bool = False
+    fused_kernel_options: FusedKernelOptions = field(default_factory=FusedKernelOptions)
 
 
 @dataclass
@@ -498,6 +514,10 @@ class RewardModelConfig:
         timeout_s: per-sample timeout with the pool (None = none); a timed-out sample gets ``timeout_score``.
         use_reward_loop: verl's switch between its two reward paths; rlflow has one (the reward-model group's
             scores, then the reward manager), which both values run; the driver logs which it is.
+        micro_batch_size_per_gpu: samples per scoring forward on one rank.
+        use_dynamic_bsz: score in micro-batches under ``forward_max_token_len_per_gpu`` valid tokens each
+            (balanced) instead.
+        forward_max_token_len_per_gpu: that token budget (>= the longest scored sequence).
     """
 
     enable: bool = False
@@ -505,6 +525,8 @@ class RewardModelConfig:
     use_reward_loop: bool = False
     inference: RewardModelInferenceConfig = field(default_factory=RewardModelInferenceConfig)
     micro_batch_size_per_gpu: int = 16
+    use_dynamic_bsz: bool = False
+    forward_max_token_len_per_gpu: int = 32768
     reward_manager: str = "naive"
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     launch_reward_fn_async: bool = False

@@ -269,8 +269,24 @@ def _check_model(cfg: DictConfig, prefix: str) -> None:
     flag(cfg, f"{prefix}.use_remove_padding")
 
 
+FUSED_KERNEL_BACKENDS = ("torch",)
+"""``actor_rollout_ref.model.fused_kernel_options.impl_backend`` values (`rlflow.models.fused_head`)."""
+
+
+def _check_fused_kernels(cfg: DictConfig) -> None:
+    flag(cfg, f"{MODEL}.use_fused_kernels")
+    backend = value_at(cfg, f"{MODEL}.fused_kernel_options.impl_backend")
+    if backend not in FUSED_KERNEL_BACKENDS:
+        raise ValueError(
+            f"{MODEL}.fused_kernel_options.impl_backend={backend!r}: rlflow's fused LM head is the chunked "
+            f"PyTorch one ({list(FUSED_KERNEL_BACKENDS)}; verl's triton kernel is not built): set it to torch "
+            "(same numbers, the same memory bound: one chunk of logits)"
+        )
+
+
 def _check_actor(cfg: DictConfig) -> None:
     _check_model(cfg, MODEL)
+    _check_fused_kernels(cfg)
     choice(cfg, f"{ACTOR}.strategy", STRATEGIES)
     choice(
         cfg,

@@ -26,6 +26,7 @@ equal the gradient without SP (see ``rlflow.parallel.ulysses``). ``use_cache=Fal
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +34,7 @@ import torch
 from tensordict import TensorDictBase
 
 from rlflow.models.attention import PACKED_ATTENTION, PACKED_ATTENTION_ALIASES  # registers "rlflow_packed"
+from rlflow.models.fused_head import fused_head_of
 from rlflow.models.padding import gather_response_outputs, pad_input, unpad_micro_batch
 from rlflow.parallel.ulysses import (
     gather_outputs_and_unpad,
@@ -138,6 +140,14 @@ def _check_attn_implementation(module: torch.nn.Module, sp_size: int) -> None:
         )
 
 
+def _fused_outputs(head: torch.Tensor, calculate_entropy: bool) -> dict[str, torch.Tensor]:
+    """Split the fused head's ``(..., 2)`` output (`rlflow.models.fused_head`) into the named outputs."""
+    result = {"log_probs": head[..., 0]}
+    if calculate_entropy:
+        result["entropy"] = head[..., 1]
+    return result
+
+
 def _padded_forward(
     module: torch.nn.Module,
     mb: MicroBatch,
@@ -146,13 +156,24 @@ def _padded_forward(
     calculate_entropy: bool,
 ) -> dict[str, torch.Tensor]:
     """Forward on the padded (bs, seqlen) batch with its 2-D attention mask."""
-    outputs = module(
-        input_ids=mb["input_ids"],
-        attention_mask=mb["attention_mask"],
-        position_ids=mb["position_ids"],
-        use_cache=False,
-    )
+    fused = fused_head_of(module) if output == "log_probs" else None
+    request = contextlib.nullcontext()
+    if fused is not None:
+        response_len = mb["responses"].shape[1]
+        labels = torch.zeros_like(mb["input_ids"])
+        labels[:, -response_len - 1 : -1] = mb["responses"]
+        request = fused.request(labels, temperature)
+    with request:
+        outputs = module(
+            input_ids=mb["input_ids"],
+            attention_mask=mb["attention_mask"],
+            position_ids=mb["position_ids"],
+            use_cache=False,
+        )
     head = _token_head(outputs, output)
+    if fused is not None:
+        head = head[:, -response_len - 1 : -1]
+        return _fused_outputs(head, calculate_entropy)
     if output == "scores":
         rows = torch.arange(head.shape[0], device=head.device)
         return {"scores": head[rows, last_valid_index(mb["attention_mask"])].float()}
@@ -183,11 +204,15 @@ def _packed_token_outputs(
         sp_rank = get_ulysses_sequence_parallel_rank(sp_group)
         ids, pos, pad = ulysses_pad_and_slice_inputs(ids, pos, sp_size, sp_rank)
         labels, _, _ = ulysses_pad_and_slice_inputs(labels, None, sp_size, sp_rank)
-    with ulysses_group(sp_group if sp_size > 1 else None):
+    fused = fused_head_of(module) if output == "log_probs" else None
+    request = fused.request(labels, temperature) if fused is not None else contextlib.nullcontext()
+    with ulysses_group(sp_group if sp_size > 1 else None), request:
         head = _token_head(
             module(input_ids=ids, attention_mask=None, position_ids=pos, use_cache=False), output
         )[0]
-    if output == "log_probs":
+    if fused is not None:
+        local = _fused_outputs(head, calculate_entropy)
+    elif output == "log_probs":
         logits = head / temperature
         local = {"log_probs": logprobs_from_logits(logits, labels[0])}
         if calculate_entropy:

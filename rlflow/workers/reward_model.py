@@ -6,7 +6,7 @@ import torch
 
 from rlflow.config.reads import track_reads, tracking_enabled
 from rlflow.config.schema import PPOTrainerConfig
-from rlflow.engine.batching import MicroBatchSpec
+from rlflow.engine.batching import log_prob_spec
 from rlflow.engine.ppo_loop import split_micro_batches
 from rlflow.models.attention import set_packed_attention
 from rlflow.models.loader import load_reward_model
@@ -24,7 +24,8 @@ class RewardModelWorker(Worker):
     """A sequence-classification reward model; scores go at the last valid response token.
 
     Inference only: every rank holds a full copy (no FSDP) and scores its share of the samples in
-    micro-batches of ``reward_model.micro_batch_size_per_gpu``. It must share the policy's tokenizer.
+    micro-batches of ``reward_model.micro_batch_size_per_gpu`` samples (or, with ``use_dynamic_bsz``, of at
+    most ``forward_max_token_len_per_gpu`` valid tokens). It must share the policy's tokenizer.
 
     Args:
         config: the typed trainer config.
@@ -71,12 +72,19 @@ class RewardModelWorker(Worker):
                     f"reward model: {side}s of {width} tokens, longer than "
                     f"reward_model.inference.{side}_length={self.max_lengths[side]}"
                 )
-        spec = MicroBatchSpec(samples_per_micro_batch=int(self.config.reward_model.micro_batch_size_per_gpu))
+        rm = self.config.reward_model
+        spec = log_prob_spec(
+            bool(rm.use_dynamic_bsz),
+            int(rm.micro_batch_size_per_gpu),
+            int(rm.forward_max_token_len_per_gpu),
+            1,
+        )
+        micro = split_micro_batches(data.batch, spec)  # no collectives: ranks may differ in count
         parts = []
         if self.offload:
             self.module.to(self.device)
         with torch.no_grad():
-            for mb in split_micro_batches(data.batch, spec).batches:
+            for mb in micro.batches:
                 parts.append(
                     compute_rm_score(
                         self.module,
@@ -91,4 +99,4 @@ class RewardModelWorker(Worker):
             self.module.to("cpu")
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-        return DataProto.from_dict(tensors={"rm_scores": torch.cat(parts)})
+        return DataProto.from_dict(tensors={"rm_scores": micro.restore(parts)})

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from rlflow.config.schema import FSDPConfig, PPOTrainerConfig
 from rlflow.models.attention import set_packed_attention
+from rlflow.models.fused_head import install_fused_head
 from rlflow.models.loader import load_causal_lm, load_model_config, load_value_model
 from rlflow.models.tiny import resolve_model_path
 from rlflow.parallel.dims import ParallelDims
@@ -177,6 +178,8 @@ def build_role_module(
             )
         if model_cfg.use_remove_padding:
             set_packed_attention(model)
+        if kind == "causal_lm" and getattr(model_cfg, "use_fused_kernels", False):
+            install_fused_head(model)
         return model
 
     fsdp = layout.fsdp

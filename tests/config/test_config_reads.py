@@ -30,6 +30,7 @@ REFUSED = {
     "trainer.use_legacy_worker_impl": "enable",
     "reward_model.inference.name": "vllm",
     "reward_model.inference.tensor_model_parallel_size": 2,
+    "actor_rollout_ref.model.fused_kernel_options.impl_backend": "triton",
 }
 """Keys kept for verl compatibility whose other values rlflow refuses, with such a value."""
 
@@ -126,6 +127,7 @@ def test_every_key_is_read_or_refused(tmp_path, monkeypatch):
         "algorithm.kl_ctrl.type=adaptive",
         "actor_rollout_ref.actor.use_kl_loss=true",
         "actor_rollout_ref.actor.entropy_coeff=0.01",
+        "actor_rollout_ref.model.use_fused_kernels=true",  # actor and reference, entropy in the loss
         "actor_rollout_ref.rollout.calculate_log_probs=true",
         "reward_model.enable=true",
         f"reward_model.model.path={save_tiny_reward_model(tmp_path / 'rm')}",

@@ -54,3 +54,54 @@ def test_packed_scoring_equals_the_padded_forward(tmp_path):
     packed = compute_rm_score(packed_rm, ids, mask, pos, response_length=6, use_remove_padding=True)
     assert (packed != 0).sum() == 3
     torch.testing.assert_close(packed, padded, rtol=1e-5, atol=1e-6)
+
+
+def test_the_worker_scores_in_token_budget_micro_batches_in_input_order(tmp_path):
+    """``reward_model.use_dynamic_bsz``: micro-batches under ``forward_max_token_len_per_gpu`` valid tokens
+    (balanced, so the rows are regrouped out of order) give each row the score it gets alone."""
+    from rlflow.config import load_config, to_typed
+    from rlflow.engine.batching import log_prob_spec
+    from rlflow.engine.ppo_loop import split_micro_batches
+    from rlflow.protocol import DataProto
+    from rlflow.workers import RewardModelWorker
+
+    config = tiny.TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+    path = tiny.save_tiny_model(tmp_path, config, seed=0)
+    g = torch.Generator().manual_seed(1)
+    prompt_lens, response_lens = [3, 6, 1, 5, 2, 6], [4, 1, 6, 6, 2, 5]
+    ids = torch.zeros(6, 12, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompt_lens, response_lens)):
+        ids[i, 6 - p : 6 + r] = torch.randint(3, 250, (p + r,), generator=g)
+    mask = (ids != 0).long()
+    tensors = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "position_ids": torch.clamp(mask.cumsum(-1) - 1, min=0),
+        "responses": ids[:, 6:],
+    }
+    overrides = [
+        "reward_model.enable=true",
+        f"reward_model.model.path={path}",
+        "reward_model.use_dynamic_bsz=true",
+        "reward_model.forward_max_token_len_per_gpu=14",  # rows of 3 to 12 valid tokens
+        "data.max_prompt_length=6",
+        "data.max_response_length=6",
+    ]
+    worker = RewardModelWorker(to_typed(load_config(overrides, config_name="demo")))
+    worker.device = torch.device("cpu")
+    worker.module = loader.load_reward_model(path, allow_random_head=True, seed=0, attn_implementation="sdpa")
+    worker.use_remove_padding = False
+    data = DataProto.from_dict(tensors=tensors)
+    split = split_micro_batches(data.batch, log_prob_spec(True, None, 14, 1))
+    order = [i for mb in split.indices for i in mb]
+    assert len(split.batches) >= 4 and order != list(range(6))  # rows regrouped out of input order
+    scores = worker.compute_rm_score(data).batch["rm_scores"]
+    alone = torch.cat(
+        [
+            compute_rm_score(
+                worker.module, ids[i : i + 1], mask[i : i + 1], tensors["position_ids"][i : i + 1], 6
+            )
+            for i in range(6)
+        ]
+    )
+    torch.testing.assert_close(scores, alone, rtol=1e-5, atol=1e-6)

@@ -24,6 +24,7 @@ from .verl_scripts import (
     GPG_QWEN2_7B_MATH,
     GRPO_QWEN2_7B,
     GRPO_QWEN2_7B_SEQ_BALANCE,
+    PPO_QWEN2_7B_RM_SEQ_BALANCE_FUSED,
     REINFORCE_PP_QWEN2_7B_MATH,
     REMAX_QWEN25_3B_SEQ_BALANCE,
     RLOO_QWEN2_7B,
@@ -95,6 +96,25 @@ def test_deepseek7b_llm_sp2_runs_two_steps(tmp_path):
             assert math.isfinite(h[key]), key
         assert 0 < h["perf/mfu/critic"] < 1 and 0 < h["perf/mfu/actor"] < 1
     assert "val-core/rlflow/repeat/reward/mean@1" in steps[-1]  # test_freq=5: validated at the last step
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_fused_kernels_reward_model_seq_balance_port_runs_two_steps(tmp_path, reward_model_dir):
+    """The fused LM head (actor), dynamic batch sizes for actor, critic and the reward model, and the
+    reward model's weights offloaded: two steps with finite losses and reward-model scores."""
+    cfg = load_config([*_environment(PPO_QWEN2_7B_RM_SEQ_BALANCE_FUSED, reward_model_dir), *_local(tmp_path)])
+    assert cfg.actor_rollout_ref.model.use_fused_kernels and cfg.reward_model.use_dynamic_bsz
+    for h in _steps(run_ppo(cfg)["history"]):
+        for key in (
+            "actor/pg_loss",
+            "actor/entropy",
+            "critic/vf_loss",
+            "actor/grad_norm",
+            "critic/score/mean",
+        ):
+            assert math.isfinite(h[key]), key
+        assert h["actor/entropy"] > 0
 
 
 @pytest.mark.slow

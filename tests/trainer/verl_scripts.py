@@ -3,9 +3,10 @@
 
 Kept: every key and value of the script. Edited, marked ``# env``: data and model paths (dropped: the
 embedded task and tiny model stand in), GPU counts, batch sizes and sequence lengths, the rollout engine
-(vLLM / SGLang need a GPU: ``hf``), tensor parallelism (1), the device, wandb, the data loader's worker processes (0 on 2 cores: the
-scripts keep verl's default 8). The scripts' names are
-those of verl's ``examples/`` (and ``recipe/dapo``) directories.
+(vLLM / SGLang need a GPU: ``hf``), tensor parallelism (1), the fused-kernel backend (triton is a GPU
+kernel: ``torch``), the device, wandb, the data loader's worker processes (0 on 2 cores: the scripts
+keep verl's default 8). The scripts' names are those of verl's ``examples/`` (and ``recipe/dapo``)
+directories.
 """
 
 from __future__ import annotations
@@ -183,6 +184,59 @@ PPO_QWEN2_7B_RM = [
     "trainer.experiment_name='Qwen2-7B-Instruct_hybrid_rm'",
     "trainer.n_gpus_per_node=2",  # env: 8
     "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
+    "trainer.nnodes=1",
+    "trainer.save_freq=20",
+    "trainer.test_freq=5",
+    "trainer.total_epochs=15",
+]
+
+# examples/ppo_trainer/run_qwen2-7b_rm_seq_balance_fused_kernels.sh: PPO with a reward model, dynamic
+# batch sizes everywhere, and the fused LM head for the actor's log-probs.
+PPO_QWEN2_7B_RM_SEQ_BALANCE_FUSED = [
+    "algorithm.adv_estimator=gae",
+    "data.train_batch_size=8",  # env: 4096
+    "data.max_prompt_length=32",  # env: 4096
+    "data.max_response_length=8",  # env: 4096
+    "data.filter_overlong_prompts=True",
+    "data.truncation='error'",
+    "data.return_raw_chat=True",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.model.use_remove_padding=True",
+    "actor_rollout_ref.model.use_fused_kernels=True",
+    "actor_rollout_ref.model.fused_kernel_options.impl_backend=torch",  # env: the script's default triton
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # env: 512
+    "actor_rollout_ref.actor.use_dynamic_bsz=True",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=240",  # env: 24000
+    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+    "actor_rollout_ref.actor.use_kl_loss=False",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # env: 2
+    "actor_rollout_ref.rollout.name=hf",  # env: vllm
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.5",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=240",  # env: 24000
+    "critic.optim.lr=1e-5",
+    "critic.model.use_remove_padding=True",
+    "critic.model.enable_gradient_checkpointing=True",
+    "critic.use_dynamic_bsz=True",
+    "critic.ppo_max_token_len_per_gpu=980",  # env: 98304
+    "critic.model.fsdp_config.param_offload=False",
+    "critic.model.fsdp_config.optimizer_offload=False",
+    "reward_model.enable=True",
+    "reward_model.model.path={reward_model_dir}",  # env: FsfairX-LLaMA3-RM-v0.1
+    "reward_model.model.use_remove_padding=True",
+    "reward_model.model.fsdp_config.param_offload=True",
+    "reward_model.micro_batch_size_per_gpu=4",  # env: 32
+    "reward_model.use_dynamic_bsz=True",
+    "reward_model.forward_max_token_len_per_gpu=980",  # env: 98304
+    "algorithm.use_kl_in_reward=False",
+    "trainer.critic_warmup=0",
+    "trainer.logger=[console]",  # env: console + wandb
+    "trainer.project_name='verl_example_gsm8k'",
+    "trainer.experiment_name='qwen2-7b_hybrid_rm_bsz8k_p4k_r4k_seq_packing'",
+    "trainer.n_gpus_per_node=2",  # env: 8
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
+    "trainer.val_before_train=False",
     "trainer.nnodes=1",
     "trainer.save_freq=20",
     "trainer.test_freq=5",
