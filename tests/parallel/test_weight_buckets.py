@@ -41,13 +41,13 @@ EXPECTED = {
 
 def _count_gathers() -> list[int]:
     calls = [0]
-    original = dist.all_gather_into_tensor
+    original = dist.all_gather_single
 
     def counting(*args, **kwargs):
         calls[0] += 1
         return original(*args, **kwargs)
 
-    dist.all_gather_into_tensor = counting
+    dist.all_gather_single = counting
     return calls
 
 
