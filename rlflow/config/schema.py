@@ -392,8 +392,14 @@ class RolloutSection:
 
 @dataclass
 class ActorRolloutRefConfig:
-    """``actor_rollout_ref``: the policy model and its three uses (train, generate, reference)."""
+    """``actor_rollout_ref``: the policy model and its three uses (train, generate, reference).
 
+    Attributes:
+        hybrid_engine: verl's switch for the actor and its rollout engine sharing one process and the
+            weights; rlflow always runs them that way (true; false is refused).
+    """
+
+    hybrid_engine: bool = True
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)

@@ -285,6 +285,12 @@ def _check_fused_kernels(cfg: DictConfig) -> None:
 
 
 def _check_actor(cfg: DictConfig) -> None:
+    if not flag(cfg, "actor_rollout_ref.hybrid_engine"):
+        raise ValueError(
+            "actor_rollout_ref.hybrid_engine=false: rlflow's rollout engine always lives in the actor's workers "
+            "and generates with the actor's weights (verl's hybrid engine); a separate rollout group is not "
+            "supported — drop the key"
+        )
     _check_model(cfg, MODEL)
     _check_fused_kernels(cfg)
     choice(cfg, f"{ACTOR}.strategy", STRATEGIES)

@@ -31,6 +31,7 @@ REFUSED = {
     "reward_model.inference.name": "vllm",
     "reward_model.inference.tensor_model_parallel_size": 2,
     "actor_rollout_ref.model.fused_kernel_options.impl_backend": "triton",
+    "actor_rollout_ref.hybrid_engine": False,
 }
 """Keys kept for verl compatibility whose other values rlflow refuses, with such a value."""
 
