@@ -28,7 +28,7 @@ from rlflow.config.aliases import rewrite_critic_file_keys, rewrite_overrides
 from rlflow.config.reads import track_reads, tracking_enabled
 from rlflow.config.schema import PPOTrainerConfig, register_configs
 from rlflow.config.sft_schema import SFTConfig, register_sft_configs
-from rlflow.config.suggest import check_override_keys
+from rlflow.config.suggest import check_override_keys, drop_append_on_known_keys
 
 __all__ = [
     "CONFIG_NAME",
@@ -123,7 +123,7 @@ def load_config(overrides: Sequence[str] | None = None, config_name: str = CONFI
         ValueError: a problem with the critic config file.
     """
     register_configs()
-    overrides = rewrite_overrides(overrides or [])
+    overrides = drop_append_on_known_keys(rewrite_overrides(overrides or []), PPOTrainerConfig)
     check_override_keys(overrides, PPOTrainerConfig)
     with _own_global_hydra(), initialize_config_dir(config_dir=str(config_dir()), version_base=None):
         cfg = compose(config_name=config_name, overrides=overrides)
@@ -141,7 +141,8 @@ def load_sft_config(overrides: Sequence[str] | None = None) -> DictConfig:
         validated (`rlflow.config.sft_validate.validate_sft_config`).
     """
     register_sft_configs()
-    check_override_keys(overrides or [], SFTConfig, doc="config/sft_trainer.yaml")
+    overrides = drop_append_on_known_keys(overrides or [], SFTConfig)
+    check_override_keys(overrides, SFTConfig, doc="config/sft_trainer.yaml")
     with _own_global_hydra(), initialize_config_dir(config_dir=str(config_dir()), version_base=None):
         return compose(config_name=SFT_CONFIG_NAME, overrides=list(overrides or []))
 

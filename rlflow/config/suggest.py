@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import difflib
 import functools
+import logging
 from collections.abc import Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["check_override_keys", "schema_keys", "suggest_keys"]
+__all__ = ["check_override_keys", "drop_append_on_known_keys", "schema_keys", "suggest_keys"]
+
+logger = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -66,6 +69,27 @@ def _override_key(item: str) -> str | None:
         return None
     key = item.split("=", 1)[0].strip()
     return None if key == "hydra" or key.startswith("hydra.") else key
+
+
+def drop_append_on_known_keys(overrides: Iterable[str], schema: type) -> list[str]:
+    """``+key=value`` for a key the schema already has becomes ``key=value`` (logged once per key).
+
+    Hydra's ``+`` appends a key that is not in the config and fails on one that is ("Could not append to
+    config. An item is already at ..."). verl scripts written before verl added a key (``+trainer.
+    val_before_train=False``) pass it with ``+``; rlflow's schema has the key, so the override means the
+    plain assignment. Keys under free-form sections (``override_config``, ``reward_kwargs``) keep their
+    ``+``: there it adds a new entry.
+    """
+    keys, _ = schema_keys(schema)
+    out = []
+    for item in overrides:
+        if item.startswith("+") and not item.startswith("++") and "=" in item:
+            key = item[1:].split("=", 1)[0].strip()
+            if key in keys:
+                logger.info("'+%s': the key exists in rlflow's config; applied as %s=...", key, key)
+                item = item[1:]
+        out.append(item)
+    return out
 
 
 def check_override_keys(overrides: Iterable[str], schema: type, doc: str = "docs/configuration.md") -> None:

@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from rlflow.config import apply_critic_config_file, config_dir, to_typed, validate_config
 from rlflow.config.aliases import rewrite_overrides
 from rlflow.config.schema import PPOTrainerConfig
-from rlflow.config.suggest import check_override_keys
+from rlflow.config.suggest import check_override_keys, drop_append_on_known_keys
 
 logger = logging.getLogger(__name__)
 
@@ -230,7 +230,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from rlflow.trainer.cli import hydra_options_first
 
-    overrides = rewrite_overrides(hydra_options_first(sys.argv[1:]))
+    overrides = drop_append_on_known_keys(
+        rewrite_overrides(hydra_options_first(sys.argv[1:])), PPOTrainerConfig
+    )
     try:
         check_override_keys(overrides, PPOTrainerConfig)
     except ValueError as err:

@@ -33,7 +33,7 @@ from omegaconf import DictConfig
 from rlflow.config.loading import SFT_CONFIG_NAME, config_dir, to_typed_sft
 from rlflow.config.sft_schema import SFTConfig
 from rlflow.config.sft_validate import validate_sft_config
-from rlflow.config.suggest import check_override_keys
+from rlflow.config.suggest import check_override_keys, drop_append_on_known_keys
 
 __all__ = ["main", "run_sft"]
 
@@ -99,7 +99,7 @@ def main() -> None:
     """Command-line entry point (unknown keys are refused with the closest ones before Hydra runs)."""
     from rlflow.trainer.cli import hydra_options_first
 
-    sys.argv = [sys.argv[0], *hydra_options_first(sys.argv[1:])]
+    sys.argv = [sys.argv[0], *drop_append_on_known_keys(hydra_options_first(sys.argv[1:]), SFTConfig)]
     try:
         check_override_keys(sys.argv[1:], SFTConfig, doc="config/sft_trainer.yaml")
     except ValueError as err:

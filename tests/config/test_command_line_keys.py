@@ -146,3 +146,25 @@ def test_verl_key_aliases_are_rewritten(tmp_path):
         load_config([f"critic.config_path={path}"], config_name="demo").critic.fsdp_config.param_offload
         is True
     )
+
+
+def test_append_on_a_key_the_config_has_is_the_plain_assignment():
+    """Older verl scripts append keys verl added later (``+trainer.val_before_train=False``); Hydra's ``+``
+    fails on an existing key, so rlflow applies it as ``key=value``. Under a free-form section the ``+``
+    stays (it adds an entry there)."""
+    from rlflow.config.schema import PPOTrainerConfig
+    from rlflow.config.suggest import drop_append_on_known_keys
+
+    overrides = [
+        "+trainer.val_before_train=False",
+        "+actor_rollout_ref.model.override_config.attention_dropout=0.0",
+        "++trainer.test_freq=3",
+        "~trainer.resume_path",
+    ]
+    assert drop_append_on_known_keys(overrides, PPOTrainerConfig) == [
+        "trainer.val_before_train=False",
+        *overrides[1:],
+    ]
+    cfg = load_config(overrides[:3], config_name="demo")
+    assert cfg.trainer.val_before_train is False and cfg.trainer.test_freq == 3
+    assert cfg.actor_rollout_ref.model.override_config.attention_dropout == 0.0
