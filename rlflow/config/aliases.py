@@ -12,6 +12,7 @@ verl                                        rlflow
 ``reward_model.model_path``                 ``reward_model.model.path``
 ``reward_model.rollout.*`` (older verl)     ``reward_model.inference.*``
 ``ray_kwargs.ray_init.*`` (newer verl)      ``ray_init.*``
+``*.model.use_rmpad`` (older verl)          ``*.model.use_remove_padding`` (actor, critic)
 ``rollout.checkpoint_engine.update_weights  ``rollout.update_weights_bucket_megabytes``
 _bucket_megabytes`` (newer verl)            (both under ``actor_rollout_ref``)
 ``actor_rollout_ref.actor.use_gpg_loss``    ``true``: ``actor.policy_loss.loss_mode=gpg``;
@@ -35,6 +36,8 @@ KEY_ALIASES: dict[str, str] = {
     "reward_model.model_path": "reward_model.model.path",
     "reward_model.rollout": "reward_model.inference",
     "ray_kwargs.ray_init": "ray_init",
+    "actor_rollout_ref.model.use_rmpad": "actor_rollout_ref.model.use_remove_padding",
+    "critic.model.use_rmpad": "critic.model.use_remove_padding",
     "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": (
         "actor_rollout_ref.rollout.update_weights_bucket_megabytes"
     ),

@@ -210,11 +210,13 @@ class FSDPConfig:
     Attributes:
         fsdp_size: ranks one parameter is sharded over; -1 = the whole role; smaller = hybrid (HSDP).
         reshard_after_forward: free gathered weights after forward (ZeRO-3) or keep them (ZeRO-2).
+        grad_offload: older verl's gradient offload; gradients stay with their shards (false; true refused).
     """
 
     fsdp_size: int = -1
     param_offload: bool = False
     optimizer_offload: bool = False
+    grad_offload: bool = False
     reshard_after_forward: bool = True
     mixed_precision: MixedPrecisionSection = field(default_factory=MixedPrecisionSection)
 
@@ -234,6 +236,8 @@ class ActorConfig:
         strategy: fsdp (FSDP1) | fsdp2.
         ppo_mini_batch_size: prompts per optimizer step (times ``rollout.n`` responses), over all ranks.
         ppo_micro_batch_size_per_gpu: responses per forward/backward on one rank (fixed batching).
+        ppo_micro_batch_size: verl's deprecated global form (all ranks); when set,
+            ``ppo_micro_batch_size_per_gpu`` = it / the data-parallel size (`rlflow.config.global_sizes`).
         use_dynamic_bsz: micro-batches by token budget ``ppo_max_token_len_per_gpu`` instead.
         clip_ratio_low / clip_ratio_high: asymmetric clip (None = ``clip_ratio``).
         clip_ratio_c: dual-clip constant for negative advantages (Ye et al. 2020), > 1.
@@ -246,6 +250,7 @@ class ActorConfig:
     strategy: str = "fsdp2"
     ppo_mini_batch_size: int = 256
     ppo_micro_batch_size_per_gpu: int = 8
+    ppo_micro_batch_size: int | None = None
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 16384
     ppo_epochs: int = 1
@@ -276,9 +281,15 @@ class RefFSDPConfig:
 
 @dataclass
 class RefConfig:
-    """``actor_rollout_ref.ref``: reference-policy log-probs (made only with a KL term)."""
+    """``actor_rollout_ref.ref``: reference-policy log-probs (made only with a KL term).
+
+    Attributes:
+        log_prob_micro_batch_size: verl's deprecated global form of ``log_prob_micro_batch_size_per_gpu``
+            (`rlflow.config.global_sizes`).
+    """
 
     log_prob_micro_batch_size_per_gpu: int = 16
+    log_prob_micro_batch_size: int | None = None
     log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
     log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
     ulysses_sequence_parallel_size: int = II("actor_rollout_ref.actor.ulysses_sequence_parallel_size")
@@ -343,6 +354,7 @@ class RolloutSection:
         seed: base seed of the sampling noise (counter-based: keyed by step and global row).
         calculate_log_probs: also return ``rollout_log_probs`` (and log ``training/rollout_probs_diff_*``).
         log_prob_micro_batch_size_per_gpu: responses per forward of the old-log-prob pass on one rank.
+        log_prob_micro_batch_size: verl's deprecated global form of it (`rlflow.config.global_sizes`).
         log_prob_use_dynamic_bsz: token-budget micro-batches for the old-log-prob pass.
         log_prob_max_token_len_per_gpu: token budget per micro-batch of that pass.
         val_kwargs: sampling used for validation batches.
@@ -375,6 +387,7 @@ class RolloutSection:
     seed: int = 0
     calculate_log_probs: bool = False
     log_prob_micro_batch_size_per_gpu: int = 16
+    log_prob_micro_batch_size: int | None = None
     log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
     log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
     val_kwargs: ValKwargsSection = field(default_factory=ValKwargsSection)
@@ -432,6 +445,9 @@ class CriticConfig:
         enable: None = a critic iff ``algorithm.adv_estimator`` is gae.
         world_size: ranks of the critic group; None = all ranks of the pool, else <= the actor's.
         cliprange_value: value clipping around the old values (PPO2 value loss).
+        ppo_micro_batch_size: verl's deprecated global form of ``ppo_micro_batch_size_per_gpu``
+            (`rlflow.config.global_sizes`).
+        forward_micro_batch_size: the same for ``forward_micro_batch_size_per_gpu``.
     """
 
     config_path: str | None = None
@@ -443,6 +459,8 @@ class CriticConfig:
     ppo_mini_batch_size: int = II("actor_rollout_ref.actor.ppo_mini_batch_size")
     ppo_micro_batch_size_per_gpu: int = 8
     forward_micro_batch_size_per_gpu: int = II("critic.ppo_micro_batch_size_per_gpu")
+    ppo_micro_batch_size: int | None = None
+    forward_micro_batch_size: int | None = None
     use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
     ppo_max_token_len_per_gpu: int = 32768
     forward_max_token_len_per_gpu: int = II("critic.ppo_max_token_len_per_gpu")
@@ -521,6 +539,7 @@ class RewardModelConfig:
         use_reward_loop: verl's switch between its two reward paths; rlflow has one (the reward-model group's
             scores, then the reward manager), which both values run; the driver logs which it is.
         micro_batch_size_per_gpu: samples per scoring forward on one rank.
+        micro_batch_size: verl's deprecated global form of it (`rlflow.config.global_sizes`).
         use_dynamic_bsz: score in micro-batches under ``forward_max_token_len_per_gpu`` valid tokens each
             (balanced) instead.
         forward_max_token_len_per_gpu: that token budget (>= the longest scored sequence).
@@ -531,6 +550,7 @@ class RewardModelConfig:
     use_reward_loop: bool = False
     inference: RewardModelInferenceConfig = field(default_factory=RewardModelInferenceConfig)
     micro_batch_size_per_gpu: int = 16
+    micro_batch_size: int | None = None
     use_dynamic_bsz: bool = False
     forward_max_token_len_per_gpu: int = 32768
     reward_manager: str = "naive"

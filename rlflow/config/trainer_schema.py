@@ -35,6 +35,8 @@ class TrainerConfig:
         use_legacy_worker_impl: verl's choice between its two worker implementations; rlflow has one
             (`rlflow.workers`), so ``auto`` and ``disable`` (or ``false``, older verl's boolean) run it and
             ``enable`` is refused.
+        default_hdfs_dir: older verl's HDFS copy of the checkpoints; null only (rlflow writes
+            ``default_local_dir``).
     """
 
     project_name: str = "rlflow"
@@ -52,6 +54,7 @@ class TrainerConfig:
     val_before_train: bool = True
     critic_warmup: int = 0
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    default_hdfs_dir: str | None = None
     resume_mode: str = "auto"
     resume_from_path: str | None = None
     max_actor_ckpt_to_keep: int | None = None

@@ -188,6 +188,12 @@ def _check_trainer(cfg: DictConfig) -> None:
     positive(cfg, "trainer.worker_start_timeout_s")
     choice(cfg, "trainer.device", DEVICES)
     choice(cfg, "trainer.resume_mode", RESUME_MODES)
+    hdfs = value_at(cfg, "trainer.default_hdfs_dir")
+    if hdfs is not None:
+        raise ValueError(
+            f"trainer.default_hdfs_dir={hdfs!r} (older verl's HDFS copy of checkpoints): rlflow writes them to "
+            "trainer.default_local_dir only; point that at the shared file system, or copy from it"
+        )
     at_least(cfg, "trainer.log_val_generations", 0)
     legacy = value_at(cfg, "trainer.use_legacy_worker_impl")
     if str(legacy).lower() not in ("auto", "disable", "false"):  # false: the boolean of older verl scripts
@@ -253,6 +259,12 @@ def _check_optim(cfg: DictConfig, prefix: str) -> None:
 
 
 def _check_fsdp(cfg: DictConfig, prefix: str) -> None:
+    if flag(cfg, f"{prefix}.grad_offload"):
+        raise ValueError(
+            f"{prefix}.grad_offload=true (older verl): rlflow keeps gradients with their parameter shards; "
+            f"offload the weights ({prefix}.param_offload) or the optimizer state "
+            f"({prefix}.optimizer_offload) instead"
+        )
     size = number(cfg, f"{prefix}.fsdp_size", integer=True)
     if size != -1 and size < 1:
         raise ValueError(f"{prefix}.fsdp_size={size} must be -1 (all ranks of the role) or >= 1")

@@ -15,6 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from rlflow.config import load_config, to_typed, validate_config
+from rlflow.config.global_sizes import GLOBAL_MICRO_BATCH_KEYS
 from rlflow.config.reads import ENV_VAR, config_reads
 from rlflow.config.schema import PPOTrainerConfig
 from rlflow.trainer.main_ppo import build_tracker, build_trainer
@@ -32,10 +33,17 @@ REFUSED = {
     "reward_model.inference.tensor_model_parallel_size": 2,
     "actor_rollout_ref.model.fused_kernel_options.impl_backend": "triton",
     "actor_rollout_ref.hybrid_engine": False,
+    "actor_rollout_ref.actor.fsdp_config.grad_offload": True,
+    "critic.fsdp_config.grad_offload": True,
+    "trainer.default_hdfs_dir": "/hdfs/ckpt",
 }
 """Keys kept for verl compatibility whose other values rlflow refuses, with such a value."""
 
 READ_WHILE_COMPOSING = {
+    **{
+        key: "verl's global micro-batch size, turned into the *_per_gpu key before the config is typed"
+        for key in GLOBAL_MICRO_BATCH_KEYS
+    },
     "critic.config_path": "names the critic file merged into the config before it is typed",
     "data.task": "selects the embedded task files, filled in before the config is typed",
 }
