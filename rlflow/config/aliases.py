@@ -17,7 +17,16 @@ verl                                        rlflow
 _bucket_megabytes`` (newer verl)            (both under ``actor_rollout_ref``)
 ``actor_rollout_ref.actor.use_gpg_loss``    ``true``: ``actor.policy_loss.loss_mode=gpg``;
                                             ``false``: dropped (the loss mode stays)
+``actor.kl_loss.type`` (early 2025 verl)    ``actor.kl_loss_type``
+``actor.kl_loss.coef=c`` (same)             ``actor.kl_loss_coef=c`` and ``use_kl_loss=(c > 0)``
+``algorithm.in_reward_kl.type`` (same)      ``algorithm.kl_penalty``
+``algorithm.in_reward_kl.kl_ctrl.*`` (same) ``algorithm.kl_ctrl.*``
+``algorithm.in_reward_kl.coef=c`` (same)    ``algorithm.kl_ctrl.kl_coef=c`` and ``use_kl_in_reward=(c > 0)``
 ==========================================  ==============================================
+
+The early-2025 spelling (one verl release, e.g. its ``run_deepseek7b_llm_sp2.sh`` at that time) had no
+on/off switch for the two KL terms: a coefficient of 0 (the default) left a term out. rlflow's switches
+follow the coefficient, so both terms do exactly what that release computed.
 """
 
 from __future__ import annotations
@@ -28,7 +37,14 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FLAG_ALIASES", "KEY_ALIASES", "canonical_key", "rewrite_critic_file_keys", "rewrite_overrides"]
+__all__ = [
+    "COEF_ALIASES",
+    "FLAG_ALIASES",
+    "KEY_ALIASES",
+    "canonical_key",
+    "rewrite_critic_file_keys",
+    "rewrite_overrides",
+]
 
 KEY_ALIASES: dict[str, str] = {
     "critic.model.fsdp_config": "critic.fsdp_config",
@@ -36,6 +52,9 @@ KEY_ALIASES: dict[str, str] = {
     "reward_model.model_path": "reward_model.model.path",
     "reward_model.rollout": "reward_model.inference",
     "ray_kwargs.ray_init": "ray_init",
+    "actor_rollout_ref.actor.kl_loss.type": "actor_rollout_ref.actor.kl_loss_type",
+    "algorithm.in_reward_kl.type": "algorithm.kl_penalty",
+    "algorithm.in_reward_kl.kl_ctrl": "algorithm.kl_ctrl",
     "actor_rollout_ref.model.use_rmpad": "actor_rollout_ref.model.use_remove_padding",
     "critic.model.use_rmpad": "critic.model.use_remove_padding",
     "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": (
@@ -48,6 +67,15 @@ FLAG_ALIASES: dict[str, str] = {
     "actor_rollout_ref.actor.use_gpg_loss": "actor_rollout_ref.actor.policy_loss.loss_mode=gpg",
 }
 """verl boolean key -> the rlflow override it stands for when true (dropped when false)."""
+
+COEF_ALIASES: dict[str, tuple[str, str]] = {
+    "actor_rollout_ref.actor.kl_loss.coef": (
+        "actor_rollout_ref.actor.kl_loss_coef",
+        "actor_rollout_ref.actor.use_kl_loss",
+    ),
+    "algorithm.in_reward_kl.coef": ("algorithm.kl_ctrl.kl_coef", "algorithm.use_kl_in_reward"),
+}
+"""early verl coefficient key -> (rlflow's coefficient key, the switch that is on exactly when it is > 0)."""
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
@@ -90,6 +118,9 @@ def rewrite_overrides(overrides: Iterable[str]) -> list[str]:
         if key in FLAG_ALIASES:
             out.extend(_flag(key, rest.removeprefix("="), out, overrides))
             continue
+        if key in COEF_ALIASES and rest:
+            out.extend(_coef(key, rest.removeprefix("=")))
+            continue
         new = canonical_key(key)
         if new != key:
             _note(key, new)
@@ -113,6 +144,18 @@ def _flag(key: str, value: str, done: list[str], overrides: Iterable[str]) -> li
             raise ValueError(f"{key}={value} means {target}, but the command line also sets {other}")
     _note(f"{key}={value}", target)
     return [target]
+
+
+def _coef(key: str, value: str) -> list[str]:
+    """The two overrides an early verl KL coefficient stands for (see the module docstring)."""
+    target, switch = COEF_ALIASES[key]
+    try:
+        coef = float(value.strip().strip("'\""))
+    except ValueError:
+        raise ValueError(f"{key}={value}: expected a number") from None
+    out = [f"{target}={value}", f"{switch}={'true' if coef > 0 else 'false'}"]
+    _note(f"{key}={value}", " ".join(out))
+    return out
 
 
 def rewrite_critic_file_keys(content: Mapping[str, Any]) -> dict[str, Any]:

@@ -286,6 +286,11 @@ class RefConfig:
     Attributes:
         log_prob_micro_batch_size: verl's deprecated global form of ``log_prob_micro_batch_size_per_gpu``
             (`rlflow.config.global_sizes`).
+        sync_ref_model: every ``ref_model_sync_steps`` training steps, after the actor's update, move the
+            reference toward the actor: ``ref <- alpha * actor + (1 - alpha) * ref`` (TR-DPO's update,
+            arXiv:2404.09656; `rlflow.parallel.weight_mixing`); the reference is then checkpointed too.
+        ref_model_sync_steps: steps between two syncs.
+        ref_model_mixup_alpha: ``alpha`` in (0, 1] (1 copies the actor).
     """
 
     log_prob_micro_batch_size_per_gpu: int = 16
@@ -294,6 +299,9 @@ class RefConfig:
     log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
     ulysses_sequence_parallel_size: int = II("actor_rollout_ref.actor.ulysses_sequence_parallel_size")
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
+    sync_ref_model: bool = False
+    ref_model_sync_steps: int = 512
+    ref_model_mixup_alpha: float = 0.6
 
 
 @dataclass

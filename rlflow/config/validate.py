@@ -444,6 +444,21 @@ def _check_ppo_batches(cfg: DictConfig, prefix: str, dp: int, sp: int) -> None:
         )
 
 
+def _check_ref_sync(cfg: DictConfig) -> None:
+    """``ref.sync_ref_model``: a reference that exists, a period and a mixing weight."""
+    if not flag(cfg, f"{REF}.sync_ref_model"):
+        return
+    if not need_reference_policy(cfg):
+        raise ValueError(
+            f"{REF}.sync_ref_model=true but this run has no reference policy (neither "
+            f"{ACTOR}.use_kl_loss nor algorithm.use_kl_in_reward is on): there is nothing to sync"
+        )
+    at_least(cfg, f"{REF}.ref_model_sync_steps", 1)
+    alpha = number(cfg, f"{REF}.ref_model_mixup_alpha")
+    if not 0 < alpha <= 1:
+        raise ValueError(f"{REF}.ref_model_mixup_alpha={alpha!r} must be in (0, 1]")
+
+
 def _check_layout(cfg: DictConfig, heads: int | None, kv_heads: int | None) -> None:
     world = _world_size(cfg)
     sp = _check_sp(cfg, ACTOR, world, heads, kv_heads)
@@ -459,6 +474,7 @@ def _check_layout(cfg: DictConfig, heads: int | None, kv_heads: int | None) -> N
         )
     if need_reference_policy(cfg):
         _check_sp(cfg, REF, world, heads, kv_heads)
+    _check_ref_sync(cfg)
     if not need_critic(cfg):
         return
     critic_world = at_least(cfg, "critic.world_size", 1, allow_none=True) or world

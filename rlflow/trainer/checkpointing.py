@@ -1,4 +1,5 @@
-"""Trainer checkpoints: ``default_local_dir/global_step_N/{actor,critic}/`` plus the driver's state.
+"""Trainer checkpoints: ``default_local_dir/global_step_N/{actor,critic,ref}/`` plus the driver's state
+(``ref/`` only when the reference is synced with the actor).
 
 The pointer file ``latest_checkpointed_iteration.txt`` is written last and atomically (write a temporary
 file, then ``os.replace``), so a crash while saving never leaves a pointer to a partial checkpoint.
@@ -83,19 +84,28 @@ class TrainerCheckpointer:
     Args:
         trainer: the ``trainer`` config (``default_local_dir``, ``resume_mode``, ``resume_from_path``,
             ``max_actor_ckpt_to_keep``, ``max_critic_ckpt_to_keep``).
+        save_ref: also save and restore the reference policy (``ref.sync_ref_model``: it moves with the
+            actor, so a resume needs its weights; kept as long as the actor's).
     """
 
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Any, save_ref: bool = False) -> None:
         self.root = Path(str(trainer.default_local_dir))
         self.resume_mode = str(trainer.resume_mode)
         self.resume_from_path = trainer.resume_from_path
-        self.keep = {"actor": trainer.max_actor_ckpt_to_keep, "critic": trainer.max_critic_ckpt_to_keep}
+        self.keep = {
+            "actor": trainer.max_actor_ckpt_to_keep,
+            "ref": trainer.max_actor_ckpt_to_keep,
+            "critic": trainer.max_critic_ckpt_to_keep,
+        }
+        self.save_ref = bool(save_ref)
 
     def save(self, step: int, groups: Any, state: dict[str, Any]) -> str:
         """Write step ``step``: every role's shards, then the driver state, then the pointer."""
         step_dir = self.root / f"global_step_{step}"
         step_dir.mkdir(parents=True, exist_ok=True)
         groups.actor.save_checkpoint(str(step_dir / "actor"), step)
+        if self.save_ref and groups.ref is not None:  # a synced reference is not the initial model any more
+            groups.ref.save_checkpoint(str(step_dir / "ref"), step)
         if groups.critic is not None:
             groups.critic.save_checkpoint(str(step_dir / "critic"), step)
         tmp = step_dir / (STATE_FILE + ".tmp")
@@ -115,7 +125,7 @@ class TrainerCheckpointer:
                 shutil.rmtree(self.root / f"global_step_{old}" / role, ignore_errors=True)
         for old in steps:
             step_dir = self.root / f"global_step_{old}"
-            if old != current and not any((step_dir / r).exists() for r in ("actor", "critic")):
+            if old != current and not any((step_dir / r).exists() for r in ("actor", "ref", "critic")):
                 shutil.rmtree(step_dir, ignore_errors=True)
 
     def resume_dir(self) -> str | None:
@@ -140,6 +150,13 @@ class TrainerCheckpointer:
             return None
         step_dir = Path(path)
         roles = [("actor", groups.actor)]
+        if self.save_ref and groups.ref is not None:
+            if not (step_dir / "ref").exists():
+                raise ValueError(
+                    f"checkpoint {step_dir} has no ref/ but this run syncs the reference policy "
+                    "(actor_rollout_ref.ref.sync_ref_model=true): the reference weights are not in it"
+                )
+            roles.append(("ref", groups.ref))
         if groups.critic is not None:
             if not (step_dir / "critic").exists():
                 raise ValueError(f"checkpoint {step_dir} has no critic/ but this run uses a critic")

@@ -111,7 +111,9 @@ class RayPPOTrainer:
                 "on-policy update (ppo_epochs=1, ppo_mini_batch_size=train_batch_size): old log-probs come "
                 "from the update's forward; the compute_log_prob pass is skipped"
             )
-        self.checkpointer = TrainerCheckpointer(config.trainer)
+        self.checkpointer = TrainerCheckpointer(
+            config.trainer, save_ref=bool(config.actor_rollout_ref.ref.sync_ref_model)
+        )
         self.history: list[dict[str, float]] = []
         self.total_training_steps = self._total_steps()
         self._flops_counters, self._peak_flops = self._flops_setup()
@@ -239,6 +241,9 @@ class RayPPOTrainer:
             if self.global_steps > int(self.config.trainer.critic_warmup):
                 with _timer("update_actor", timing):
                     metrics.update(self._update_actor(batch, adv))
+            if self._ref_sync_due():
+                with _timer("sync_ref", timing):
+                    self._sync_reference()
             if self._due(self.config.trainer.test_freq):
                 with _timer("testing", timing):
                     metrics.update(self._validate())
@@ -466,6 +471,24 @@ class RayPPOTrainer:
         if adv is None:
             return _worker_metrics(self.groups.actor.update_actor(batch))
         return _worker_metrics(self.groups.actor.update_actor(batch, adv=adv))
+
+    def _ref_sync_due(self) -> bool:
+        ref = self.config.actor_rollout_ref.ref
+        return (
+            bool(ref.sync_ref_model)
+            and self.groups.ref is not None
+            and self.global_steps % int(ref.ref_model_sync_steps) == 0
+        )
+
+    def _sync_reference(self) -> None:
+        """``ref.sync_ref_model``: ``ref <- alpha * actor + (1 - alpha) * ref``, rank by rank. Each actor
+        rank's local shards go to the same reference rank as a Ray object (the driver holds only refs)."""
+        actor, ref = self.groups.actor, self.groups.ref
+        alpha = float(self.config.actor_rollout_ref.ref.ref_model_mixup_alpha)
+        shards = [w.weight_shards.remote() for w in actor.workers]
+        done = [w.mix_in_weights.remote(s, alpha) for w, s in zip(ref.workers, shards)]
+        watch = [(s, actor.name, rank) for rank, s in enumerate(shards)]
+        ref.wait(done, list(range(ref.world_size)), watch, what="the reference sync")
 
     # ---- validation -----------------------------------------------------------------------------------
 

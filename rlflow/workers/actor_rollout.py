@@ -8,6 +8,7 @@ from rlflow.engine.actor import DataParallelPPOActor
 from rlflow.engine.batching import actor_update_spec, log_prob_spec
 from rlflow.models.loader import load_tokenizer
 from rlflow.parallel.fsdp import mixed_precision_dtypes
+from rlflow.parallel.weight_mixing import local_shards
 from rlflow.protocol import DataProto
 from rlflow.rollout import get_rollout_class
 from rlflow.rollout.base import logprob_temperature
@@ -54,6 +55,11 @@ class ActorRolloutWorker(RoleWorker):
         self.rollout = get_rollout_class(rollout.name)(
             self.module, rollout, self.tokenizer, dp_rank=dims.dp_rank, compute_dtype=param_dtype, **extra
         )
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weight_shards(self) -> dict:
+        """This rank's local parameter shards as CPU tensors (the reference sync, ``ref.sync_ref_model``)."""
+        return local_shards(self.module)
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
     def generate_sequences(self, prompts: DataProto) -> DataProto:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rlflow.engine.actor import DataParallelPPOActor
 from rlflow.engine.batching import log_prob_spec
+from rlflow.parallel.weight_mixing import mix_local_shards_
 from rlflow.protocol import DataProto
 from rlflow.rollout.base import logprob_temperature
 from rlflow.single_controller import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
@@ -38,6 +39,12 @@ class RefWorker(RoleWorker):
             use_remove_padding=arr.model.use_remove_padding,
             **self._groups(),
         )
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def mix_in_weights(self, shards: dict, alpha: float) -> None:
+        """``reference <- alpha * actor + (1 - alpha) * reference`` on this rank's shards
+        (``ref.sync_ref_model``; ``shards``: the actor's `ActorRolloutWorker.weight_shards` of this rank)."""
+        mix_local_shards_(self.module, shards, float(alpha))
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("ref"))
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:

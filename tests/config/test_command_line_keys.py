@@ -168,3 +168,26 @@ def test_append_on_a_key_the_config_has_is_the_plain_assignment():
     cfg = load_config(overrides[:3], config_name="demo")
     assert cfg.trainer.val_before_train is False and cfg.trainer.test_freq == 3
     assert cfg.actor_rollout_ref.model.override_config.attention_dropout == 0.0
+
+
+def test_early_verl_kl_sections_set_the_coefficients_and_their_switches():
+    """verl's early-2025 ``actor.kl_loss.{type,coef}`` and ``algorithm.in_reward_kl.{type,coef,kl_ctrl}``
+    had no on/off switch (coefficient 0 = off): the switches follow the coefficients."""
+    cfg = load_config(
+        [
+            "actor_rollout_ref.actor.kl_loss.type=low_var_kl",
+            "actor_rollout_ref.actor.kl_loss.coef=0.001",
+            "algorithm.in_reward_kl.type=kl",
+            "algorithm.in_reward_kl.kl_ctrl.type=fixed",
+            "algorithm.in_reward_kl.coef=0",
+        ],
+        config_name="demo",
+    )
+    actor, algorithm = cfg.actor_rollout_ref.actor, cfg.algorithm
+    assert actor.use_kl_loss is True and actor.kl_loss_coef == 0.001 and actor.kl_loss_type == "low_var_kl"
+    assert algorithm.use_kl_in_reward is False and algorithm.kl_ctrl.kl_coef == 0
+    assert algorithm.kl_penalty == "kl" and algorithm.kl_ctrl.type == "fixed"
+    on = load_config(["algorithm.in_reward_kl.coef=0.05"], config_name="demo").algorithm
+    assert on.use_kl_in_reward is True and on.kl_ctrl.kl_coef == 0.05
+    with pytest.raises(ValueError, match="expected a number"):
+        load_config(["algorithm.in_reward_kl.coef=high"], config_name="demo")

@@ -137,6 +137,8 @@ def test_every_key_is_read_or_refused(tmp_path, monkeypatch):
         "actor_rollout_ref.actor.use_kl_loss=true",
         "actor_rollout_ref.actor.entropy_coeff=0.01",
         "actor_rollout_ref.model.use_fused_kernels=true",  # actor and reference, entropy in the loss
+        "actor_rollout_ref.ref.sync_ref_model=true",  # then the checkpoint at step 2 holds ref/ too
+        "actor_rollout_ref.ref.ref_model_sync_steps=1",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
         "reward_model.enable=true",
         f"reward_model.model.path={save_tiny_reward_model(tmp_path / 'rm')}",

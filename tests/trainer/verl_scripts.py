@@ -53,6 +53,52 @@ DEEPSEEK7B_SP2 = [
     "trainer.total_epochs=15",
 ]
 
+# examples/ppo_trainer/run_deepseek7b_llm_sp2.sh as of verl's early-2025 config layout (commit 74061786):
+# the KL terms as ``actor.kl_loss.{type,coef}`` and ``algorithm.in_reward_kl.*`` (rlflow.config.aliases).
+DEEPSEEK7B_SP2_EARLY_2025 = [
+    "data.train_batch_size=8",  # env: 1024
+    "data.max_prompt_length=32",  # env: 512
+    "data.max_response_length=8",  # env: 512
+    "data.filter_overlong_prompts=True",
+    "data.truncation='error'",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.model.use_remove_padding=True",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # env: 256
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",  # env: 32
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+    "actor_rollout_ref.actor.kl_loss.type=low_var_kl",
+    "actor_rollout_ref.actor.kl_loss.coef=0.001",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",  # env: 64
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # env: 4
+    "actor_rollout_ref.rollout.name=hf",  # env: vllm
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",  # env: 64
+    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+    "critic.optim.lr=1e-5",
+    "critic.ulysses_sequence_parallel_size=2",
+    "critic.model.use_remove_padding=True",
+    "critic.model.enable_gradient_checkpointing=True",
+    "critic.ppo_micro_batch_size_per_gpu=2",  # env: 64
+    "critic.model.fsdp_config.param_offload=False",
+    "critic.model.fsdp_config.optimizer_offload=False",
+    "algorithm.in_reward_kl.type=kl",
+    "algorithm.in_reward_kl.kl_ctrl.type=fixed",
+    "algorithm.in_reward_kl.coef=0.001",
+    "trainer.critic_warmup=0",
+    "trainer.logger=[console]",  # env: console + wandb
+    "trainer.project_name='verl_example_gsm8k'",
+    "trainer.experiment_name='deepseek_llm_7b_function_rm_sp2'",
+    "trainer.n_gpus_per_node=2",  # env: 8
+    "trainer.nnodes=1",
+    "trainer.save_freq=-1",
+    "trainer.test_freq=5",
+    "trainer.total_epochs=15",
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
+]
+
 # examples/gpg_trainer/run_qwen2-7b_math.sh: GPG advantages and loss (`use_gpg_loss`, verl's flag for
 # policy_loss.loss_mode=gpg), 5 responses per prompt, no KL.
 GPG_QWEN2_7B_MATH = [
@@ -278,6 +324,49 @@ GRPO_QWEN2_7B = [
     "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
     "trainer.nnodes=1",
     "trainer.save_freq=20",
+    "trainer.test_freq=5",
+    "trainer.total_epochs=15",
+]
+
+# examples/grpo_trainer/run_qwen2-7b_sync_ref_model.sh: GRPO with the reference moved toward the actor
+# every 128 steps (alpha 0.9); tests/trainer/test_ref_sync.py runs the same mechanism.
+GRPO_QWEN2_7B_SYNC_REF_MODEL = [
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=8",  # env: 1024
+    "data.max_prompt_length=32",  # env: 512
+    "data.max_response_length=8",  # env: 1024
+    "data.filter_overlong_prompts=True",
+    "data.truncation='error'",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.model.use_remove_padding=True",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # env: 256
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",  # env: 40
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.actor.kl_loss_coef=0.001",
+    "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+    "actor_rollout_ref.actor.entropy_coeff=0",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",  # env: 40
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # env: 2
+    "actor_rollout_ref.rollout.name=hf",  # env: vllm
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+    "actor_rollout_ref.rollout.n=5",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",  # env: 40
+    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+    "actor_rollout_ref.ref.sync_ref_model=True",
+    "actor_rollout_ref.ref.ref_model_sync_steps=128",
+    "actor_rollout_ref.ref.ref_model_mixup_alpha=0.9",
+    "algorithm.kl_ctrl.kl_coef=0.001",
+    "trainer.critic_warmup=0",
+    "trainer.logger=[console]",  # env: console + wandb
+    "trainer.project_name='verl_grpo_example_gsm8k'",
+    "trainer.experiment_name='qwen2_7b_function_rm'",
+    "trainer.n_gpus_per_node=2",  # env: 8
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
+    "trainer.nnodes=1",
+    "trainer.save_freq=-1",
     "trainer.test_freq=5",
     "trainer.total_epochs=15",
 ]
