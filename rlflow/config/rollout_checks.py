@@ -68,6 +68,13 @@ def check_rollout(cfg: DictConfig) -> None:
     at_least(cfg, f"{ROLLOUT}.response_length", 1)
     at_least(cfg, f"{ROLLOUT}.micro_batch_size", 1, allow_none=True)
     at_least(cfg, f"{ROLLOUT}.update_weights_bucket_megabytes", 1)
+    flag(cfg, f"{ROLLOUT}.ignore_eos")
+    min_tokens = at_least(cfg, f"{ROLLOUT}.min_tokens", 0)
+    if min_tokens > value_at(cfg, f"{ROLLOUT}.response_length"):
+        raise ValueError(
+            f"{ROLLOUT}.min_tokens={min_tokens} must be <= {ROLLOUT}.response_length="
+            f"{value_at(cfg, f'{ROLLOUT}.response_length')}"
+        )
     tp = at_least(cfg, f"{ROLLOUT}.tensor_model_parallel_size", 1)
     if value_at(cfg, f"{ROLLOUT}.name") == "vllm":
         _check_vllm(cfg, tp)

@@ -376,6 +376,8 @@ class RolloutSection:
         max_num_seqs: vllm: scheduler sequence budget per step.
         max_model_len: vllm: context length; None = ``prompt_length + response_length``.
         enable_chunked_prefill: vllm: chunked prefill.
+        ignore_eos: always generate ``response_length`` tokens (benchmarks; an EOS is an ordinary token).
+        min_tokens: no EOS before this many tokens (sampling masks it; log-probs are of the full softmax).
         update_weights_bucket_megabytes: bringing the actor's weights into the engine (hf replica, vllm)
             all-gathers them in buckets of at most this many MiB, one collective per bucket; peak extra
             memory about two buckets (verl's key, also spelled ``checkpoint_engine.<key>``).
@@ -408,6 +410,8 @@ class RolloutSection:
     max_num_seqs: int = 1024
     max_model_len: int | None = None
     enable_chunked_prefill: bool = True
+    ignore_eos: bool = False
+    min_tokens: int = 0
     update_weights_bucket_megabytes: int = 512
 
 

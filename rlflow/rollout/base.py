@@ -95,6 +95,10 @@ class SamplingParams:
         do_sample: False (or ``temperature == 0``) decodes greedily.
         n: samples per prompt.
         response_length: maximum generated tokens.
+        ignore_eos: generate ``response_length`` tokens whatever is sampled (an EOS is a token like any
+            other, inside the response mask).
+        min_tokens: no EOS is sampled before this many tokens (its logits are masked for sampling; the
+            log-probs stay those of the full distribution, the trainer's quantity).
     """
 
     temperature: float
@@ -103,6 +107,8 @@ class SamplingParams:
     do_sample: bool
     n: int
     response_length: int
+    ignore_eos: bool = False
+    min_tokens: int = 0
 
     @property
     def greedy(self) -> bool:
@@ -148,6 +154,8 @@ def resolve_sampling_params(config: RolloutSection, meta_info: Mapping[str, Any]
         do_sample=bool(values["do_sample"]),
         n=int(values["n"]),
         response_length=int(values["response_length"]),
+        ignore_eos=bool(config.ignore_eos),
+        min_tokens=int(config.min_tokens),
     )
 
 

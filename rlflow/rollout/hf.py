@@ -102,7 +102,8 @@ def decode(
 
     A row that produces an EOS leaves the batch (its KV-cache rows are dropped), so later steps cost
     only what the unfinished rows need; its remaining tokens are the pad id. Decoding stops when every
-    row has finished or after ``response_length`` tokens.
+    row has finished or after ``response_length`` tokens. ``params.ignore_eos``: no row finishes early;
+    ``params.min_tokens``: the EOS ids are not sampled before that many tokens.
 
     Args:
         model: an HF causal LM (unsharded) on the device of the inputs.
@@ -123,6 +124,7 @@ def decode(
     responses = torch.full((rows, length), pad_token_id, dtype=torch.int64, device=device)
     log_probs = torch.zeros((rows, length), dtype=torch.float32, device=device)
     eos = torch.tensor(list(eos_token_ids), dtype=torch.int64, device=device)
+    stop = eos[:0] if params.ignore_eos else eos
     active = torch.arange(rows, device=device)  # original row of each row still decoding
     config = getattr(model, "config", None)
     cache = (
@@ -140,10 +142,11 @@ def decode(
     )
     cache, position = out.past_key_values, position_ids[..., -1:]
     for t in range(length):
-        token, log_prob = sample_next_token(out.logits[:, -1, :].float(), params, keys, t)
+        banned = eos if t < params.min_tokens else None
+        token, log_prob = sample_next_token(out.logits[:, -1, :].float(), params, keys, t, banned)
         responses[active, t] = token
         log_probs[active, t] = log_prob
-        finished = torch.isin(token, eos)
+        finished = torch.isin(token, stop)
         if t + 1 == length or bool(finished.all()):
             return responses[:, : t + 1], log_probs[:, : t + 1]
         if bool(finished.any()):
@@ -456,4 +459,4 @@ class HFRollout(BaseRollout):
         out_device = batch.batch["input_ids"].device
         responses_t = torch.cat(responses).to(out_device)
         log_probs_t = torch.cat(log_probs).to(out_device) if self.config.calculate_log_probs else None
-        return build_rollout_output(batch, responses_t, eos, log_probs_t)
+        return build_rollout_output(batch, responses_t, [] if params.ignore_eos else eos, log_probs_t)

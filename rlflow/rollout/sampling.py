@@ -126,7 +126,11 @@ def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def sample_next_token(
-    logits: torch.Tensor, params: SamplingParams, keys: torch.Tensor, position: int
+    logits: torch.Tensor,
+    params: SamplingParams,
+    keys: torch.Tensor,
+    position: int,
+    banned: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick the next token of every row and its log-prob under ``log_softmax(logits / T)``.
 
@@ -135,16 +139,21 @@ def sample_next_token(
         params: sampling parameters (greedy when ``params.greedy``).
         keys: ``(rows,)`` row keys (`row_keys`); unused when greedy.
         position: index of the token being generated (selects the uniform).
+        banned: token ids that may not be picked (``min_tokens``: the EOS ids); their probability goes to
+            the others for the pick only, the returned log-probs are of the full distribution.
 
     Returns:
         ``tokens``: ``(rows,)`` int64; ``log_probs``: ``(rows,)`` float32, log-prob of each token under
         ``logits / params.logprob_temperature`` before top-k / top-p.
     """
     scaled = logits / params.logprob_temperature
+    allowed = scaled
+    if banned is not None and banned.numel():
+        allowed = scaled.index_fill(-1, banned, float("-inf"))
     if params.greedy:
-        tokens = logits.argmax(dim=-1)
+        tokens = allowed.argmax(dim=-1)
     else:
-        filtered = apply_top_p(apply_top_k(scaled, params.top_k), params.top_p)
+        filtered = apply_top_p(apply_top_k(allowed, params.top_k), params.top_p)
         cdf = filtered.softmax(dim=-1).to(torch.float64).cumsum(dim=-1)
         target = counter_uniform(keys, position).unsqueeze(-1) * cdf[:, -1:]
         tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)

@@ -131,7 +131,9 @@ def to_vllm_sampling_kwargs(
         "top_k": params.top_k if params.top_k > 0 else -1,
         "seed": seed,
         "detokenize": False,
-        "stop_token_ids": list(stop_token_ids),
+        "stop_token_ids": [] if params.ignore_eos else list(stop_token_ids),
+        "ignore_eos": params.ignore_eos,
+        "min_tokens": params.min_tokens,
     }
     if calculate_log_probs:
         kwargs["logprobs"] = 0
@@ -244,4 +246,6 @@ class VLLMRollout(BaseRollout):
                 values = [lp[tok].logprob for lp, tok in zip(completion.logprobs, tokens)]
                 log_probs[i, : len(values)] = torch.tensor(values)
         responses, log_probs = responses.to(ids.device), log_probs.to(ids.device)
-        return build_rollout_output(batch, responses, eos, log_probs if logprobs else None)
+        return build_rollout_output(
+            batch, responses, [] if params.ignore_eos else eos, log_probs if logprobs else None
+        )

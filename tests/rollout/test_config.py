@@ -109,10 +109,16 @@ def test_vllm_sampling_kwargs_mapping():
         "seed": 123,
         "detokenize": False,
         "stop_token_ids": [2, 5],
+        "ignore_eos": False,
+        "min_tokens": 0,
         "logprobs": 0,
     }
     greedy = to_vllm_sampling_kwargs(resolve_sampling_params(cfg, {"validate": True}), 0, False)
     assert greedy["temperature"] == 0.0 and "logprobs" not in greedy
+    # rollout.ignore_eos: no stop ids at all (the engine would stop at them); min_tokens passes through
+    cfg = rollout_config(ignore_eos=True, min_tokens=4, response_length=32)
+    kw = to_vllm_sampling_kwargs(resolve_sampling_params(cfg, {}), 0, False, stop_token_ids=(2,))
+    assert kw["ignore_eos"] is True and kw["stop_token_ids"] == [] and kw["min_tokens"] == 4
 
 
 def test_vllm_engine_kwargs_mapping():

@@ -287,3 +287,25 @@ def test_samples_do_not_depend_on_the_data_parallel_split(model):
     assert torch.equal(split(2), whole)
     assert torch.equal(split(3), whole)
     assert not torch.equal(whole[0::2], whole[1::2])  # the n samples of a prompt still differ
+
+
+def test_ignore_eos_and_min_tokens(model, tokens):
+    """``rollout.ignore_eos``: the full-length greedy response, EOS included in the mask. ``min_tokens``:
+    the EOS is not picked before that many tokens, and the reported log-probs are still those of the full
+    softmax (the trainer's quantity)."""
+    base = _greedy(model, tokens, eos=[2], ignore_eos=True).batch["responses"]  # the unconstrained path
+    eos = int(base[0, 0])  # the first token row 0 picks: with it as EOS, row 0 ends at once
+    plain = _greedy(model, tokens, eos=[eos]).batch
+    assert int(plain["response_mask"][0].sum()) == 1
+    ignoring = _greedy(model, tokens, eos=[eos], ignore_eos=True).batch
+    assert torch.equal(ignoring["responses"], base)
+    assert bool(ignoring["response_mask"].all())
+    out = _greedy(model, tokens, eos=[eos], min_tokens=3)
+    b = out.batch
+    assert not bool((b["responses"][:, :3] == eos).any())
+    assert int(b["response_mask"][0].sum()) >= 3
+    logp = torch.log_softmax(_full_forward_logits(model, out), dim=-1)
+    want = logp.gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1) * b["response_mask"]
+    torch.testing.assert_close(b["rollout_log_probs"], want, rtol=1e-5, atol=1e-5)
+    # the masked step picks the best non-EOS token: the greedy argmax is EOS there, so its log-prob is lower
+    assert float(b["rollout_log_probs"][0, 0]) < float(plain["rollout_log_probs"][0, 0])
