@@ -62,6 +62,13 @@ def check_reward_model(cfg: DictConfig) -> None:
         return
     if value_at(cfg, "reward_model.model.path") is None:
         raise ValueError("reward_model.model.path must be set when reward_model.enable=true")
+    if value_at(cfg, "reward_model.model.input_tokenizer") is not None and not flag(
+        cfg, "data.return_raw_chat"
+    ):
+        raise ValueError(
+            "reward_model.model.input_tokenizer is set (the reward model re-tokenizes each conversation with its "
+            "own chat template): it needs the prompts' chat messages, set data.return_raw_chat=true"
+        )
     if not flag(cfg, "reward_model.use_dynamic_bsz"):
         at_least(cfg, "reward_model.micro_batch_size_per_gpu", 1)
         return

@@ -504,9 +504,14 @@ class RewardModelPathConfig:
     Attributes:
         use_remove_padding: score packed rows (the valid tokens only), as the actor and critic forwards
             do; follows ``actor_rollout_ref.model.use_remove_padding`` in the YAML.
+        input_tokenizer: the tokenizer the data was made with (the policy's), for a reward model with its
+            own tokenizer and chat template: each conversation is decoded and re-encoded with the reward
+            model's (`rlflow.reward.retokenize`; needs ``data.return_raw_chat``); None = the reward model
+            reads the policy's tokens as they are (same tokenizer).
     """
 
     path: str | None = None
+    input_tokenizer: str | None = None
     trust_remote_code: bool = False
     use_remove_padding: bool = II("actor_rollout_ref.model.use_remove_padding")
     fsdp_config: RewardModelOffloadConfig = field(default_factory=RewardModelOffloadConfig)

@@ -1,6 +1,8 @@
 """Scores from a sequence-classification reward model, placed on the last valid response token.
 
-The reward model reads ``(prompt, response)`` as one sequence (same tokenizer as the policy). Its score is
+The reward model reads ``(prompt, response)`` as one sequence: the policy's tokens, or (with
+``reward_model.model.input_tokenizer``) the conversation re-tokenized with the reward model's own tokenizer and
+chat template (`rlflow.reward.retokenize`). Its score is
 the classification head applied to the hidden state of the last token with ``attention_mask == 1``; this
 does not rely on the pad token, so it also works when pad == eos. Load the model with
 :func:`rlflow.models.loader.load_reward_model`.
@@ -12,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["compute_rm_score", "last_valid_index", "place_on_last_token"]
+__all__ = ["compute_rm_score", "last_valid_index", "place_on_last_token", "sequence_scores"]
 
 
 def last_valid_index(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -41,15 +43,14 @@ def place_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> to
 
 
 @torch.no_grad()
-def compute_rm_score(
+def sequence_scores(
     model: Any,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
-    response_length: int,
     use_remove_padding: bool = False,
 ) -> torch.Tensor:
-    """Run a sequence-classification reward model and return token-level scores (``rm_scores``).
+    """The reward model's score of each sequence: its head on the hidden state of the last valid token.
 
     With ``use_remove_padding`` the valid tokens of the micro-batch are packed into one row
     (`rlflow.models.padding.unpad_micro_batch`), as the actor's and the critic's forwards do, and the
@@ -59,14 +60,13 @@ def compute_rm_score(
 
     Args:
         model: e.g. ``Qwen2ForSequenceClassification`` with one label (a ``score`` linear head).
-        input_ids: (bs, prompt_len + response_len) left-padded prompt, right-padded response.
+        input_ids: (bs, seq_len) token ids (any padding side).
         attention_mask: same shape, 1 on real tokens.
         position_ids: same shape.
-        response_length: ``response_len``.
         use_remove_padding: pack the valid tokens into one row.
 
     Returns:
-        (bs, response_len) float32: the sequence score on the last valid response token, 0 elsewhere.
+        (bs,) scores in the head's dtype.
     """
     backbone = getattr(model, model.base_model_prefix)
     head = getattr(model, "score", None)
@@ -86,5 +86,27 @@ def compute_rm_score(
         ).last_hidden_state
         rows = torch.arange(input_ids.shape[0], device=input_ids.device)
         last_hidden = hidden[rows, last_valid_index(attention_mask)]
-    scores = head(last_hidden).squeeze(-1)
+    return head(last_hidden).squeeze(-1)
+
+
+@torch.no_grad()
+def compute_rm_score(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+    use_remove_padding: bool = False,
+) -> torch.Tensor:
+    """Token-level scores (``rm_scores``) of the policy's own sequences (`sequence_scores`).
+
+    Args:
+        input_ids: (bs, prompt_len + response_len) left-padded prompt, right-padded response.
+        attention_mask, position_ids: same shape.
+        response_length: ``response_len``.
+
+    Returns:
+        (bs, response_len) float32: the sequence score on the last valid response token, 0 elsewhere.
+    """
+    scores = sequence_scores(model, input_ids, attention_mask, position_ids, use_remove_padding)
     return place_on_last_token(scores, attention_mask[:, -response_length:])
