@@ -20,13 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlflow.config.interpolation import II
+from rlflow.config.rollout_schema import RolloutSection, ValKwargsSection
 from rlflow.config.trainer_schema import RayInitConfig, TrainerConfig
-
-
-def II(path: str) -> str:
-    """An interpolation default, ``${path}`` (OmegaConf's ``II``; resolved when the config is composed)."""
-    return f"${{{path}}}"
-
 
 __all__ = [
     "SCHEMA_NAME",
@@ -302,117 +298,6 @@ class RefConfig:
     sync_ref_model: bool = False
     ref_model_sync_steps: int = 512
     ref_model_mixup_alpha: float = 0.6
-
-
-@dataclass
-class ValKwargsSection:
-    """``actor_rollout_ref.rollout.val_kwargs``: sampling for validation (greedy by default, so validation
-    scores are deterministic).
-
-    Attributes:
-        temperature: softmax temperature (0 with ``do_sample=false`` is greedy).
-        top_k: keep the k most likely tokens (-1 or 0 = off).
-        top_p: nucleus mass (1.0 = off).
-        do_sample: sample (true) or take the argmax (false).
-        n: samples per prompt.
-    """
-
-    temperature: float = 0.0
-    top_k: int = -1
-    top_p: float = 1.0
-    do_sample: bool = False
-    n: int = 1
-
-
-@dataclass
-class MultiTurnSection:
-    """``actor_rollout_ref.rollout.multi_turn`` (verl's keys): rlflow generates single-turn responses.
-
-    Attributes:
-        enable: multi-turn tool-calling rollouts; only false is supported.
-        format: the tool-call chat format of multi-turn rollouts; verl's default ``hermes`` (which its
-            single-turn scripts pass too) is accepted, any other value refused.
-    """
-
-    enable: bool = False
-    format: str = "hermes"
-
-
-@dataclass
-class RolloutSection:
-    """``actor_rollout_ref.rollout``: generation (`rlflow.rollout`). The engine options after
-    ``val_kwargs`` are additions to verl's keys so that its vLLM knobs can be set.
-
-    Attributes:
-        name: hf (embedded, CPU too) | vllm (GPU extra).
-        mode: sync | async, verl's two ways to drive the engine (async: a served engine fed request by
-            request through verl's agent loop, verl's default since it deprecated sync). rlflow's rollouts
-            are single-turn calls on the actor workers: both values run that engine and sample the same
-            responses (the driver logs the mode); what async serves beyond that (multi-turn, agent loops)
-            is refused by its own keys.
-        multi_turn: verl's multi-turn section; single-turn only (``enable=false``).
-        temperature: softmax temperature; 0 means greedy (as in vLLM); log-probs are then taken at 1.
-        top_k: keep the k most likely tokens; -1 (or 0) = off.
-        top_p: nucleus sampling mass in (0, 1]; 1.0 = off (Holtzman et al. 2019, arXiv:1904.09751).
-        do_sample: sample (true) or greedy argmax (false).
-        n: responses per prompt (GRPO group size); rows are interleaved per prompt.
-        prompt_length: maximum prompt width; wider prompts raise ``ValueError``.
-        response_length: maximum generated tokens per response (the width of ``responses``).
-        micro_batch_size: rows (after the ``n`` repeat) decoded together; None = the whole batch.
-        seed: base seed of the sampling noise (counter-based: keyed by step and global row).
-        calculate_log_probs: also return ``rollout_log_probs`` (and log ``training/rollout_probs_diff_*``).
-        log_prob_micro_batch_size_per_gpu: responses per forward of the old-log-prob pass on one rank.
-        log_prob_micro_batch_size: verl's deprecated global form of it (`rlflow.config.global_sizes`).
-        log_prob_use_dynamic_bsz: token-budget micro-batches for the old-log-prob pass.
-        log_prob_max_token_len_per_gpu: token budget per micro-batch of that pass.
-        val_kwargs: sampling used for validation batches.
-        free_cache_engine: hf: drop the gathered generation replica after each call (true) or keep its
-            memory for the next one; vllm: sleep the engine between calls.
-        dtype: dtype of the generation replica / vLLM engine; None = the actor's parameter dtype.
-        tensor_model_parallel_size: vllm: tensor-parallel size of the engine.
-        gpu_memory_utilization: vllm: fraction of GPU memory the engine may take.
-        enforce_eager: vllm: disable CUDA graphs.
-        max_num_batched_tokens: vllm: scheduler token budget per step.
-        max_num_seqs: vllm: scheduler sequence budget per step.
-        max_model_len: vllm: context length; None = ``prompt_length + response_length``.
-        enable_chunked_prefill: vllm: chunked prefill.
-        ignore_eos: always generate ``response_length`` tokens (benchmarks; an EOS is an ordinary token).
-        min_tokens: no EOS before this many tokens (sampling masks it; log-probs are of the full softmax).
-        update_weights_bucket_megabytes: bringing the actor's weights into the engine (hf replica, vllm)
-            all-gathers them in buckets of at most this many MiB, one collective per bucket; peak extra
-            memory about two buckets (verl's key, also spelled ``checkpoint_engine.<key>``).
-    """
-
-    name: str = "hf"
-    mode: str = "async"
-    multi_turn: MultiTurnSection = field(default_factory=MultiTurnSection)
-    temperature: float = 1.0
-    top_k: int = -1
-    top_p: float = 1.0
-    do_sample: bool = True
-    n: int = 1
-    prompt_length: int = II("data.max_prompt_length")
-    response_length: int = II("data.max_response_length")
-    micro_batch_size: int | None = None
-    seed: int = 0
-    calculate_log_probs: bool = False
-    log_prob_micro_batch_size_per_gpu: int = 16
-    log_prob_micro_batch_size: int | None = None
-    log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
-    log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
-    val_kwargs: ValKwargsSection = field(default_factory=ValKwargsSection)
-    free_cache_engine: bool = True
-    dtype: str | None = None
-    tensor_model_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.5
-    enforce_eager: bool = True
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 1024
-    max_model_len: int | None = None
-    enable_chunked_prefill: bool = True
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    update_weights_bucket_megabytes: int = 512
 
 
 @dataclass

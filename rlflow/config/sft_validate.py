@@ -12,6 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rlflow.config.checks import at_least, choice, every_or_never, flag, in_range, positive, value_at
+from rlflow.config.trainer_checks import DEVICES, RESUME_MODES
 from rlflow.data.sft_dataset import SFT_TRUNCATION_MODES
 from rlflow.data.tasks import TASKS
 from rlflow.utils.dtypes import DTYPES
@@ -20,8 +21,6 @@ __all__ = ["sft_world_size", "validate_sft_config"]
 
 STRATEGIES = ("fsdp", "fsdp2")
 SCHEDULERS = ("constant", "cosine")
-RESUME_MODES = ("auto", "disable", "resume_path")
-DEVICES = ("auto", "cpu", "cuda")
 
 _REFUSED = (
     # key, the value that means "off", what to do instead

@@ -38,7 +38,6 @@ from rlflow.config.checks import (
     KL_ESTIMATORS,
     at_least,
     choice,
-    every_or_never,
     flag,
     in_range,
     kl_name,
@@ -51,6 +50,7 @@ from rlflow.config.reward_checks import check_filter_groups, check_reward_model
 from rlflow.config.rollout_checks import ROLLOUT_NAMES, check_rollout
 from rlflow.config.schema import PPOTrainerConfig
 from rlflow.config.suggest import schema_keys
+from rlflow.config.trainer_checks import check_trainer
 from rlflow.data.tasks import TASKS
 from rlflow.models.loader import ATTN_IMPLEMENTATIONS
 from rlflow.reward.custom import load_custom_reward_fn
@@ -66,9 +66,6 @@ MODEL = "actor_rollout_ref.model"
 STRATEGIES = ("fsdp", "fsdp2")
 WARMUP_STYLES = ("constant", "cosine")
 TRUNCATIONS = ("error", "left", "right", "middle")
-RESUME_MODES = ("auto", "disable", "resume_path")
-DEVICES = ("auto", "cpu", "cuda")
-LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 KL_CTRL_TYPES = ("fixed", "adaptive")
 DTYPES = tuple(_DTYPE_TABLE)
 
@@ -172,43 +169,6 @@ def _check_known_keys(tree: dict, schema: dict, prefix: str = "") -> None:
             )
         if isinstance(value, dict) and isinstance(schema[key], dict) and path not in FREE_FORM_KEYS:
             _check_known_keys(value, schema[key], path)
-
-
-def _check_trainer(cfg: DictConfig) -> None:
-    _world_size(cfg)
-    at_least(cfg, "trainer.total_epochs", 1)
-    at_least(cfg, "trainer.total_training_steps", 1, allow_none=True)
-    every_or_never(cfg, "trainer.save_freq")
-    every_or_never(cfg, "trainer.test_freq")
-    at_least(cfg, "trainer.critic_warmup", 0)
-    at_least(cfg, "trainer.max_actor_ckpt_to_keep", 1, allow_none=True)
-    at_least(cfg, "trainer.max_critic_ckpt_to_keep", 1, allow_none=True)
-    positive(cfg, "trainer.cpus_per_worker")
-    positive(cfg, "trainer.placement_timeout_s")
-    positive(cfg, "trainer.worker_start_timeout_s")
-    choice(cfg, "trainer.device", DEVICES)
-    choice(cfg, "trainer.resume_mode", RESUME_MODES)
-    hdfs = value_at(cfg, "trainer.default_hdfs_dir")
-    if hdfs is not None:
-        raise ValueError(
-            f"trainer.default_hdfs_dir={hdfs!r} (older verl's HDFS copy of checkpoints): rlflow writes them to "
-            "trainer.default_local_dir only; point that at the shared file system, or copy from it"
-        )
-    at_least(cfg, "trainer.log_val_generations", 0)
-    legacy = value_at(cfg, "trainer.use_legacy_worker_impl")
-    if str(legacy).lower() not in ("auto", "disable", "false"):  # false: the boolean of older verl scripts
-        raise ValueError(
-            f"trainer.use_legacy_worker_impl={legacy!r}: rlflow has one worker implementation "
-            "(rlflow/workers, one file per role); 'auto', 'disable' (or false) run it, and there is no legacy "
-            "one to enable"
-        )
-    loggers = value_at(cfg, "trainer.logger")
-    loggers = [loggers] if isinstance(loggers, str) else loggers
-    for i, name in enumerate(loggers):
-        if name not in LOGGERS:
-            raise ValueError(f"trainer.logger[{i}]={name!r} is not one of {list(LOGGERS)}")
-    at_least(cfg, "ray_init.num_cpus", 1, allow_none=True)
-    at_least(cfg, "ray_init.object_store_memory", 1, allow_none=True)
 
 
 def _check_data(cfg: DictConfig) -> None:
@@ -607,7 +567,7 @@ def validate_config(
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.structured(cfg) if not isinstance(cfg, dict) else OmegaConf.create(cfg)
     _check_known_keys(OmegaConf.to_container(cfg), _schema_tree())
-    _check_trainer(cfg)
+    check_trainer(cfg)
     _check_data(cfg)
     _check_algorithm(cfg)
     _check_actor(cfg)

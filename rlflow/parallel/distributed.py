@@ -11,9 +11,11 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import random
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +32,7 @@ __all__ = [
     "get_rank",
     "get_world_size",
     "init_distributed",
+    "port_range",
     "spawn_workers",
 ]
 
@@ -74,10 +77,40 @@ def default_backend() -> str:
     return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
 
 
-def find_free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago (for ``MASTER_PORT``)."""
+RAY_WORKER_PORTS_END = 20000
+"""Ray's workers listen on ports 10002..19999 by default (``--min/max-worker-port``)."""
+
+
+def port_range() -> tuple[int, int]:
+    """``[low, high)`` of the ports `find_free_port` picks from: above Ray's worker ports and below the
+    kernel's ephemeral range (``/proc/sys/net/ipv4/ip_local_port_range``, 32768 when it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    return RAY_WORKER_PORTS_END, max(ephemeral_low, RAY_WORKER_PORTS_END + 1)
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now, for ``MASTER_PORT`` (the rank-0 store binds it a moment later).
+
+    Not a port the kernel picks (``bind(0)`` returns one from the ephemeral range, which any outgoing
+    connection may take before the store binds it: EADDRINUSE), and not one of Ray's worker ports: a
+    random port of `port_range` that binds now; ``bind(0)`` only when 200 tries all failed.
+    """
+    low, high = port_range()
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(200):
+        port = rng.randrange(low, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 

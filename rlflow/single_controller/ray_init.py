@@ -60,7 +60,10 @@ def init_ray(
         logger.info("joining the Ray cluster at %s", address)
         ray.init(address=address, runtime_env=runtime_env, namespace=namespace, **kwargs)
     else:
+        # "local": a new cluster even when <ray tmp>/ray_current_cluster names one (a running or crashed
+        # earlier run), which ray.init() without an address would try to join.
         ray.init(
+            address="local",
             num_cpus=num_cpus,
             num_gpus=num_gpus,
             include_dashboard=False,

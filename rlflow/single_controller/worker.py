@@ -7,14 +7,8 @@ import socket
 
 import torch
 
+from rlflow.parallel.distributed import find_free_port
 from rlflow.single_controller.decorator import Dispatch, register
-
-
-def find_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def node_ip_address() -> str:

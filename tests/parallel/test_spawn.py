@@ -34,3 +34,25 @@ def test_teardown_crash_after_the_result_is_saved_does_not_fail_the_run():
 def test_crash_inside_the_function_names_the_rank_and_where():
     with pytest.raises(RuntimeError, match=r"spawned rank 1 died inside '_abort_inside'.*SIGABRT"):
         spawn_workers(_abort_inside, 2)
+
+
+def test_master_ports_are_outside_the_ports_the_kernel_and_ray_hand_out():
+    """A ``MASTER_PORT`` found free must still be free when the rank-0 store binds it a moment later. A
+    port from the kernel's ephemeral range can be taken in between by any outgoing connection (Ray opens
+    many): the gloo store then fails with EADDRINUSE (seen in the multi-node test). Ray's workers listen
+    on 10002..19999. So both pickers choose below the ephemeral range and above Ray's worker ports."""
+    import socket
+
+    from rlflow.parallel.distributed import find_free_port, port_range
+    from rlflow.single_controller import worker
+
+    low, high = port_range()
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    assert high <= ephemeral_low and low >= 20000
+    for pick in (find_free_port, worker.find_free_port):
+        for _ in range(20):
+            port = pick()
+            assert low <= port < high, port
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", port))  # free
