@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 __all__ = [
     "DistInfo",
+    "bind_master_store",
     "current_device",
     "default_backend",
     "device_type",
@@ -114,6 +115,30 @@ def find_free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+_held_store: Any = None
+"""The rendezvous store this process bound as rank 0 (`bind_master_store`), used by `init_distributed`."""
+
+
+def bind_master_store(host: str, world_size: int, timeout_s: float = 1800.0) -> int:
+    """Rank 0: bind the rendezvous store now, on a port the kernel assigns as it binds; returns the port.
+
+    A port that is only *checked* free (`find_free_port`) can be taken by another process before the
+    store binds it seconds later (EADDRINUSE when the ranks meet). Here the store holds its port from the
+    start; `init_distributed` builds the process group on it, and the other ranks connect to
+    ``MASTER_ADDR:<the port>`` as usual.
+    """
+    global _held_store
+    _held_store = dist.TCPStore(
+        host,
+        0,
+        world_size,
+        is_master=True,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
+    return int(_held_store.port)
+
+
 def _env_int(name: str, default: int | None) -> int:
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -162,7 +187,11 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
     if torch.cuda.is_available():
         # Ray (and Slurm with GPU binding) shows each process only its own GPU: device 0.
         torch.cuda.set_device(local_rank if torch.cuda.device_count() > 1 else 0)
-    kwargs = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
+    kwargs: dict[str, Any] = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
+    if rank == 0 and _held_store is not None and str(_held_store.port) == os.environ.get("MASTER_PORT"):
+        # bound when the port was chosen (bind_master_store); the other ranks rendezvous by env://, whose
+        # store torch wraps in PrefixStore("default_pg"), so rank 0's keys get the same prefix
+        kwargs["store"] = dist.PrefixStore("default_pg", _held_store)
     dist.init_process_group(backend=backend, rank=rank, world_size=world_size, **kwargs)
     return DistInfo(rank, world_size, local_rank, backend)
 

@@ -7,7 +7,7 @@ import socket
 
 import torch
 
-from rlflow.parallel.distributed import find_free_port
+from rlflow.parallel.distributed import bind_master_store
 from rlflow.single_controller.decorator import Dispatch, register
 
 
@@ -39,11 +39,12 @@ class Worker:
         self._rank = int(os.environ.get("RANK", "0"))
         self._world_size = int(os.environ.get("WORLD_SIZE", "1"))
         os.environ.setdefault("LOCAL_RANK", "0")
-        if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+        if not os.environ.get("MASTER_ADDR") or not os.environ.get("MASTER_PORT"):
             if self._rank != 0:
                 raise RuntimeError(f"worker rank {self._rank} started without MASTER_ADDR/MASTER_PORT")
             os.environ["MASTER_ADDR"] = node_ip_address()
-            os.environ["MASTER_PORT"] = str(find_free_port(os.environ["MASTER_ADDR"]))
+            # the store binds its port now and keeps it (no window for another process to take it)
+            os.environ["MASTER_PORT"] = str(bind_master_store(os.environ["MASTER_ADDR"], self._world_size))
         self._dispatch_info: dict[str, tuple[int, bool]] = {}
 
     @property

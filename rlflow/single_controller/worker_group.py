@@ -184,7 +184,9 @@ class RayWorkerGroup:
                 "LOCAL_RANK": str(local_rank),
             }
             env["RLFLOW_WORKER_GROUP"] = self.name
-            env.update(master)
+            # rank 0 binds a new rendezvous store (Worker.__init__): a MASTER_ADDR/PORT the Ray processes
+            # inherited (e.g. from a driver that ran a process group itself) must not reach it
+            env.update(master or {"MASTER_ADDR": "", "MASTER_PORT": ""})
             options = {
                 **self.resource_pool.actor_resources(),
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(

@@ -36,23 +36,63 @@ def test_crash_inside_the_function_names_the_rank_and_where():
         spawn_workers(_abort_inside, 2)
 
 
-def test_master_ports_are_outside_the_ports_the_kernel_and_ray_hand_out():
-    """A ``MASTER_PORT`` found free must still be free when the rank-0 store binds it a moment later. A
-    port from the kernel's ephemeral range can be taken in between by any outgoing connection (Ray opens
-    many): the gloo store then fails with EADDRINUSE (seen in the multi-node test). Ray's workers listen
-    on 10002..19999. So both pickers choose below the ephemeral range and above Ray's worker ports."""
+def test_checked_free_ports_are_outside_the_ports_the_kernel_and_ray_hand_out():
+    """`find_free_port` (``spawn_workers``' ``MASTER_PORT``) checks a port free that the rank-0 store binds
+    a moment later. A port of the kernel's ephemeral range can be taken in between by any outgoing
+    connection (Ray opens many); Ray's workers listen on 10002..19999. So it picks between the two."""
     import socket
 
     from rlflow.parallel.distributed import find_free_port, port_range
-    from rlflow.single_controller import worker
 
     low, high = port_range()
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
         ephemeral_low = int(f.read().split()[0])
     assert high <= ephemeral_low and low >= 20000
-    for pick in (find_free_port, worker.find_free_port):
-        for _ in range(20):
-            port = pick()
-            assert low <= port < high, port
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind(("127.0.0.1", port))  # free
+    for _ in range(20):
+        port = find_free_port()
+        assert low <= port < high, port
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", port))  # free
+
+
+BOUND_STORE = """
+import os, socket, subprocess, sys
+import torch, torch.distributed as dist
+from rlflow.parallel.distributed import bind_master_store, init_distributed
+
+os.environ.update(MASTER_ADDR="127.0.0.1", WORLD_SIZE="2")
+if len(sys.argv) == 1:  # rank 0: bind the store, check it holds the port, start rank 1
+    port = bind_master_store("127.0.0.1", 2)
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            sys.exit("the port was not held")
+        except OSError:
+            pass
+    os.environ.update(MASTER_PORT=str(port), RANK="0")
+    child = subprocess.Popen(
+        [sys.executable, "-c", f"SCRIPT = {SCRIPT!r}\\n" + SCRIPT, "1"], env=dict(os.environ, RANK="1")
+    )
+else:
+    child = None
+info = init_distributed(backend="gloo")
+x = torch.tensor([float(info.rank + 1)])
+dist.all_reduce(x)
+print("rank", info.rank, "sum", float(x), flush=True)
+dist.destroy_process_group()
+if child is not None:
+    sys.exit(child.wait())
+"""
+
+
+def test_the_rank0_store_holds_its_port_from_the_moment_it_is_chosen():
+    """Worker groups' rank 0 binds the rendezvous store when it picks ``MASTER_PORT``
+    (`bind_master_store`): no other process can take the port before the ranks meet (the EADDRINUSE flake
+    of the multi-node test), and the process group forms on that store."""
+    import subprocess
+    import sys
+
+    script = f"SCRIPT = {BOUND_STORE!r}\n" + BOUND_STORE
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "rank 0 sum 3.0" in proc.stdout and "rank 1 sum 3.0" in proc.stdout
