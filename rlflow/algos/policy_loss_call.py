@@ -98,7 +98,8 @@ class PolicyLossCall:
             kwargs["rollout_is_weights"] = rollout_is_weights
         elif rollout_is_weights is not None:
             raise ValueError(
-                f"actor.tis_imp_ratio_cap > 0 needs a policy loss with a rollout_is_weights parameter; "
+                f"importance weights (actor.tis_imp_ratio_cap > 0 or algorithm.rollout_correction.rollout_is) "
+                f"need a policy loss with a rollout_is_weights parameter; "
                 f"{self.name!r} has none"
             )
         out = self.fn(*args, **kwargs)

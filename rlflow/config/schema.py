@@ -510,6 +510,35 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """``algorithm.rollout_correction``: the rollout/trainer policy mismatch (`rlflow.algos.rollout_correction`).
+
+    Every setting needs ``actor_rollout_ref.rollout.calculate_log_probs=true``.
+
+    Attributes:
+        rollout_is: importance weights ``pi_old / pi_rollout`` on the policy loss: null, token, sequence.
+        rollout_is_threshold: their upper truncation.
+        rollout_is_batch_normalize: weights divided by their batch mean.
+        rollout_rs: drop tokens / responses whose ratio leaves the bounds: null, token, sequence, geometric.
+        rollout_rs_threshold: upper bound (null = ``rollout_is_threshold``); ``rollout_rs_threshold_lower``
+            the lower (null = 1 / upper).
+        rollout_token_veto_threshold: drop a response with any token ratio below this (null = off).
+        bypass_mode: no ``compute_log_prob`` pass: the rollout's log-probs are the old policy's.
+        use_policy_gradient: verl's IS policy-gradient loss; refused (false only).
+    """
+
+    rollout_is: str | None = None
+    rollout_is_threshold: float = 2.0
+    rollout_is_batch_normalize: bool = False
+    rollout_rs: str | None = None
+    rollout_rs_threshold: float | None = None
+    rollout_rs_threshold_lower: float | None = None
+    rollout_token_veto_threshold: float | None = None
+    bypass_mode: bool = False
+    use_policy_gradient: bool = False
+
+
+@dataclass
 class AlgorithmConfig:
     """``algorithm``: advantage estimation and the in-reward KL penalty.
 
@@ -527,6 +556,7 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     custom_advantage_function: CustomFunctionConfig = field(default_factory=CustomFunctionConfig)
 
 

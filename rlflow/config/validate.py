@@ -45,6 +45,7 @@ from rlflow.config.checks import (
     positive,
     value_at,
 )
+from rlflow.config.correction_checks import check_rollout_correction
 from rlflow.config.resource_checks import check_local_resources
 from rlflow.config.reward_checks import check_filter_groups, check_reward_model
 from rlflow.config.rollout_checks import ROLLOUT_NAMES, check_rollout
@@ -113,6 +114,8 @@ def update_is_on_policy(cfg: Any) -> bool:
         cfg: the composed trainer config (a ``DictConfig`` or the typed `PPOTrainerConfig`).
     """
     actor = cfg.actor_rollout_ref.actor
+    if bool(cfg.algorithm.rollout_correction.bypass_mode):
+        return False  # the rollout's log-probs are the old policy's (`RayPPOTrainer`)
     return (
         int(actor.ppo_epochs) == 1
         and int(actor.ppo_mini_batch_size) == int(cfg.data.train_batch_size)
@@ -575,6 +578,7 @@ def validate_config(
     _check_critic(cfg)
     check_reward_model(cfg)
     check_filter_groups(cfg)
+    check_rollout_correction(cfg)
     _check_layout(cfg, num_attention_heads, num_key_value_heads)
     _check_files(cfg)
     _check_custom_reward(cfg)

@@ -156,8 +156,10 @@ class DataParallelPPOActor:
         """PPO epochs × mini-batches × micro-batches of the policy loss (plus entropy and KL terms).
 
         Args:
-            data: forward keys plus ``old_log_probs``, ``advantages`` (bs, response_len), and
-                ``ref_log_prob`` when ``use_kl_loss``. ``old_log_probs`` may be left out when the update
+            data: forward keys plus ``old_log_probs``, ``advantages`` (bs, response_len),
+                ``ref_log_prob`` when ``use_kl_loss``, and from ``algorithm.rollout_correction``
+                optionally ``rollout_is_weights`` (multiply the per-token policy loss) and
+                ``rollout_rs_mask`` (0 = the token leaves the loss and its token counts). ``old_log_probs`` may be left out when the update
                 is on-policy (one epoch, one mini-batch: `rlflow.config.update_is_on_policy`): each
                 micro-batch's own detached log-probs are then the old policy's, exactly.
             step: the training step (seeds the mini-batch shuffle).
@@ -193,7 +195,10 @@ class DataParallelPPOActor:
                     "actor.tis_imp_ratio_cap > 0 needs rollout_log_probs (rollout.calculate_log_probs)"
                 )
             keys.append("rollout_log_probs")
+        keys += [k for k in ("rollout_is_weights", "rollout_rs_mask") if k in data.batch.keys()]
         data = select_update_batch(data, keys)
+        if "rollout_rs_mask" in data.batch.keys():  # algorithm.rollout_correction's rejection
+            data.batch["response_mask"] = data.batch["response_mask"] * data.batch.pop("rollout_rs_mask")
         metrics, skipped = run_update(
             data, self.update, step, self._accumulate_mini_batch, self._optimizer_step, self.dp_group, "actor"
         )
@@ -217,7 +222,7 @@ class DataParallelPPOActor:
             old_log_probs = log_probs.detach() if on_policy else mb["old_log_probs"]
             if on_policy:
                 acc.add("actor/entropy", masked_mean(entropy.detach(), mask), weight=float(mask.sum()))
-            is_weights = None
+            is_weights = mb["rollout_is_weights"] if "rollout_is_weights" in mb.keys() else None
             if cfg.tis_imp_ratio_cap > 0:
                 is_weights = compute_rollout_is_weights(
                     old_log_probs, mb["rollout_log_probs"], mask, cfg.tis_imp_ratio_cap

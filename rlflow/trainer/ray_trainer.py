@@ -24,8 +24,11 @@ import numpy as np
 import torch
 
 from rlflow.algos.advantages import advantage_metrics, compute_advantage, get_estimator_info
+from rlflow.algos.rollout_correction import compute_rollout_correction
 from rlflow.config import need_critic, to_typed, update_is_on_policy
+from rlflow.config.correction_checks import rollout_correction_active
 from rlflow.config.schema import PPOTrainerConfig
+from rlflow.engine.ppo_loop import response_mask_of
 from rlflow.engine.seqlen_balancing import balance_batch_across_dp
 from rlflow.logging.tracking import ProgressBar
 from rlflow.protocol import DataProto
@@ -105,8 +108,19 @@ class RayPPOTrainer:
             and get_estimator_info(str(config.algorithm.adv_estimator)).needs_baselines
         )
         # One epoch over one mini-batch: the update's own forward gives the old policy's log-probs.
-        self.recompute_old_log_prob = not update_is_on_policy(config)
-        if not self.recompute_old_log_prob:
+        correction = config.algorithm.rollout_correction
+        self.bypass_old_log_prob = bool(correction.bypass_mode)
+        self.recompute_old_log_prob = not (self.bypass_old_log_prob or update_is_on_policy(config))
+        self.rollout_correction = correction if rollout_correction_active(config) else None
+        if self.bypass_old_log_prob:
+            logger.info(
+                "algorithm.rollout_correction.bypass_mode: the rollout's log-probs are the old policy's; the "
+                "compute_log_prob pass is skipped%s",
+                " (rollout_is / rollout_rs then compare identical log-probs: weights 1, nothing rejected)"
+                if self.rollout_correction is not None
+                else "",
+            )
+        elif not self.recompute_old_log_prob:
             logger.info(
                 "on-policy update (ppo_epochs=1, ppo_mini_batch_size=train_batch_size): old log-probs come "
                 "from the update's forward; the compute_log_prob pass is skipped"
@@ -228,6 +242,10 @@ class RayPPOTrainer:
             if self.recompute_old_log_prob:
                 with _timer("old_log_prob", timing):
                     metrics.update(self._old_log_prob(batch))
+            elif self.bypass_old_log_prob:
+                batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"].clone()
+            if self.rollout_correction is not None:
+                metrics.update(self._correct_rollout(batch))
             if self.groups.ref is not None:
                 with _timer("ref", timing):
                     self._ref_log_prob(batch)
@@ -434,6 +452,29 @@ class RayPPOTrainer:
         if "rollout_log_probs" in batch.batch.keys():
             metrics.update(rollout_probs_diff(batch))
         return metrics
+
+    def _correct_rollout(self, batch: DataProto) -> dict[str, float]:
+        """``algorithm.rollout_correction``: ``rollout_is_weights`` and ``rollout_rs_mask`` for the actor's
+        loss (`compute_rollout_correction`); advantages, values and the critic see every token."""
+        rc = self.rollout_correction
+        tensors = batch.batch
+        out = compute_rollout_correction(
+            tensors["old_log_probs"],
+            tensors["rollout_log_probs"],
+            response_mask_of(batch),
+            rollout_is=rc.rollout_is,
+            rollout_is_threshold=float(rc.rollout_is_threshold),
+            rollout_is_batch_normalize=bool(rc.rollout_is_batch_normalize),
+            rollout_rs=rc.rollout_rs,
+            rollout_rs_threshold=rc.rollout_rs_threshold,
+            rollout_rs_threshold_lower=rc.rollout_rs_threshold_lower,
+            rollout_token_veto_threshold=rc.rollout_token_veto_threshold,
+        )
+        if out.weights is not None:
+            tensors["rollout_is_weights"] = out.weights
+        if out.keep_mask is not None:
+            tensors["rollout_rs_mask"] = out.keep_mask
+        return out.metrics
 
     def _ref_log_prob(self, batch: DataProto) -> None:
         out = self.groups.ref.compute_ref_log_prob(batch)

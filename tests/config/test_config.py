@@ -366,6 +366,65 @@ BAD_CONFIGS = [
     ([f"{ACTOR}.optim.num_cycles=0"], {}, f"{ACTOR}.optim.num_cycles=0.0 must be > 0"),
     ([f"{ACTOR}.tis_imp_ratio_cap=0"], {}, f"{ACTOR}.tis_imp_ratio_cap=0.0 must be -1 (off) or > 0"),
     ([f"{ACTOR}.tis_imp_ratio_cap=2"], {}, f"{ACTOR}.tis_imp_ratio_cap=2.0 needs the rollout's log-probs"),
+    # algorithm.rollout_correction
+    (
+        ["algorithm.rollout_correction.rollout_is=token"],
+        {},
+        "algorithm.rollout_correction.rollout_is needs the rollout's log-probs",
+    ),
+    (
+        ["algorithm.rollout_correction.bypass_mode=true"],
+        {},
+        "algorithm.rollout_correction.bypass_mode needs the rollout's log-probs",
+    ),
+    (
+        ["algorithm.rollout_correction.rollout_token_veto_threshold=1e-4"],
+        {},
+        "algorithm.rollout_correction.rollout_token_veto_threshold needs the rollout's log-probs",
+    ),
+    (
+        ["algorithm.rollout_correction.rollout_is=seq"],
+        {},
+        "algorithm.rollout_correction.rollout_is='seq' is not one of ['token', 'sequence'] or null",
+    ),
+    (
+        ["algorithm.rollout_correction.rollout_rs=mask"],
+        {},
+        "algorithm.rollout_correction.rollout_rs='mask' is not one of",
+    ),
+    (
+        ["algorithm.rollout_correction.rollout_is_threshold=0"],
+        {},
+        "algorithm.rollout_correction.rollout_is_threshold=0.0 must be > 0",
+    ),
+    (
+        [
+            "algorithm.rollout_correction.rollout_rs=token",
+            "algorithm.rollout_correction.rollout_rs_threshold=1.5",
+            "algorithm.rollout_correction.rollout_rs_threshold_lower=2.0",
+        ],
+        {},
+        "algorithm.rollout_correction.rollout_rs_threshold_lower=2.0 must be below the upper bound 1.5",
+    ),
+    (
+        ["algorithm.rollout_correction.rollout_token_veto_threshold=2"],
+        {},
+        "algorithm.rollout_correction.rollout_token_veto_threshold=2.0 must be in (0, 1)",
+    ),
+    (
+        ["algorithm.rollout_correction.use_policy_gradient=true"],
+        {},
+        "algorithm.rollout_correction.use_policy_gradient=true (verl's IS policy-gradient loss)",
+    ),
+    (
+        [
+            "algorithm.rollout_correction.rollout_is=token",
+            f"{ROLLOUT}.calculate_log_probs=true",
+            f"{ACTOR}.tis_imp_ratio_cap=2",
+        ],
+        {},
+        "both weight the policy loss: keep one",
+    ),
     ([f"{ROLLOUT}.prompt_length=16"], {}, f"{ROLLOUT}.prompt_length=16 must be >= data.max_prompt_length=32"),
     (["algorithm.gamma=1.5"], {}, "algorithm.gamma=1.5 must be in [0.0, 1.0]"),
     (["reward_model.enable=true"], {}, "reward_model.model.path must be set"),
@@ -449,6 +508,24 @@ GOOD_CONFIGS = [
     # vLLM: top-k sampling without rollout log-probs; rollout log-probs without truncation
     [f"{ROLLOUT}.name=vllm", f"{ROLLOUT}.top_k=20"],
     [f"{ROLLOUT}.name=vllm", f"{ROLLOUT}.calculate_log_probs=true"],
+    # verl's rollout-correction presets
+    [
+        f"{ROLLOUT}.calculate_log_probs=true",
+        "algorithm.rollout_correction.rollout_is=sequence",
+        "algorithm.rollout_correction.rollout_rs=sequence",
+    ],
+    [
+        f"{ROLLOUT}.calculate_log_probs=true",
+        "algorithm.rollout_correction.rollout_rs=geometric",
+        "algorithm.rollout_correction.rollout_rs_threshold=1.001",
+        "algorithm.rollout_correction.rollout_rs_threshold_lower=0.999",
+        "algorithm.rollout_correction.rollout_token_veto_threshold=1e-4",
+    ],
+    [
+        f"{ROLLOUT}.calculate_log_probs=true",
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.bypass_mode=true",
+    ],
 ]
 
 

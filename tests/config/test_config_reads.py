@@ -36,6 +36,7 @@ REFUSED = {
     "actor_rollout_ref.actor.fsdp_config.grad_offload": True,
     "critic.fsdp_config.grad_offload": True,
     "trainer.default_hdfs_dir": "/hdfs/ckpt",
+    "algorithm.rollout_correction.use_policy_gradient": True,
 }
 """Keys kept for verl compatibility whose other values rlflow refuses, with such a value."""
 
@@ -162,6 +163,13 @@ def test_every_key_is_read_or_refused(tmp_path, monkeypatch):
         "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4",
         "+actor_rollout_ref.model.override_config.attention_dropout=0.0",
         "trainer.log_val_generations=2",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_is_batch_normalize=true",
+        "algorithm.rollout_correction.rollout_rs=token",
+        "algorithm.rollout_correction.rollout_rs_threshold=3.0",
+        "algorithm.rollout_correction.rollout_rs_threshold_lower=0.2",
+        "algorithm.rollout_correction.rollout_token_veto_threshold=1e-4",
     ]
     reads |= _run_and_collect(grpo)
 

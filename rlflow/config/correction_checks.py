@@ -1,0 +1,74 @@
+"""Checks of ``algorithm.rollout_correction`` (part of `rlflow.config.validate.validate_config`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig
+
+from rlflow.algos.rollout_correction import IS_LEVELS, RS_LEVELS
+from rlflow.config.checks import flag, number, positive, value_at
+
+__all__ = ["check_rollout_correction", "rollout_correction_active"]
+
+RC = "algorithm.rollout_correction"
+
+
+def rollout_correction_active(cfg: Any) -> bool:
+    """True when ``algorithm.rollout_correction`` computes weights, rejection or a veto.
+
+    Args:
+        cfg: the composed config (``DictConfig``) or the typed `PPOTrainerConfig`.
+    """
+    rc = cfg.algorithm.rollout_correction
+    return (
+        rc.rollout_is is not None or rc.rollout_rs is not None or rc.rollout_token_veto_threshold is not None
+    )
+
+
+def _level(cfg: DictConfig, key: str, levels: tuple[str, ...]) -> str | None:
+    value = value_at(cfg, key)
+    if value is not None and value not in levels:
+        raise ValueError(f"{key}={value!r} is not one of {list(levels)} or null")
+    return value
+
+
+def check_rollout_correction(cfg: DictConfig) -> None:
+    """Levels and thresholds of ``algorithm.rollout_correction``; the rollout's log-probs when it is on."""
+    rollout_is = _level(cfg, f"{RC}.rollout_is", IS_LEVELS)
+    rollout_rs = _level(cfg, f"{RC}.rollout_rs", RS_LEVELS)
+    threshold = positive(cfg, f"{RC}.rollout_is_threshold")
+    flag(cfg, f"{RC}.rollout_is_batch_normalize")
+    upper = positive(cfg, f"{RC}.rollout_rs_threshold", allow_none=True)
+    lower = positive(cfg, f"{RC}.rollout_rs_threshold_lower", allow_none=True)
+    if rollout_rs is not None:
+        upper_used = threshold if upper is None else upper
+        lower_used = 1.0 / upper_used if lower is None else lower
+        if not lower_used < upper_used:
+            raise ValueError(
+                f"{RC}.rollout_rs_threshold_lower={lower_used!r} must be below the upper bound {upper_used!r} "
+                f"({RC}.rollout_rs_threshold, or rollout_is_threshold when it is null)"
+            )
+    veto = number(cfg, f"{RC}.rollout_token_veto_threshold", allow_none=True)
+    if veto is not None and not 0 < veto < 1:
+        raise ValueError(f"{RC}.rollout_token_veto_threshold={veto!r} must be in (0, 1) or null")
+    bypass = flag(cfg, f"{RC}.bypass_mode")
+    if flag(cfg, f"{RC}.use_policy_gradient"):
+        raise ValueError(
+            f"{RC}.use_policy_gradient=true (verl's IS policy-gradient loss) is not supported: keep it false "
+            f"and use the PPO loss (actor_rollout_ref.actor.policy_loss.loss_mode) with bypass_mode or the weights"
+        )
+    active = rollout_is is not None or rollout_rs is not None or veto is not None
+    if (active or bypass) and not value_at(cfg, "actor_rollout_ref.rollout.calculate_log_probs"):
+        key = f"{RC}.bypass_mode" if bypass else f"{RC}.{'rollout_is' if rollout_is else 'rollout_rs'}"
+        if veto is not None and not (bypass or rollout_is or rollout_rs):
+            key = f"{RC}.rollout_token_veto_threshold"
+        raise ValueError(
+            f"{key} needs the rollout's log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true"
+        )
+    cap = value_at(cfg, "actor_rollout_ref.actor.tis_imp_ratio_cap")
+    if rollout_is is not None and cap is not None and cap > 0:
+        raise ValueError(
+            f"{RC}.rollout_is={rollout_is!r} and actor_rollout_ref.actor.tis_imp_ratio_cap={cap!r} both weight the "
+            f"policy loss: keep one (tis_imp_ratio_cap=x is rollout_is=token with rollout_is_threshold=x)"
+        )
