@@ -23,10 +23,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-__all__ = ["IS_LEVELS", "RS_LEVELS", "RolloutCorrection", "compute_rollout_correction"]
+from rlflow.protocol import DataProto
+
+__all__ = [
+    "IS_LEVELS",
+    "RS_LEVELS",
+    "RolloutCorrection",
+    "compute_rollout_correction",
+    "correct_rollout_batch",
+]
 
 IS_LEVELS = ("token", "sequence")
 RS_LEVELS = ("token", "sequence", "geometric")
@@ -179,3 +188,36 @@ def compute_rollout_correction(
         metrics["rollout_corr/rollout_rs_seq_masked_fraction"] = float((dropped.sum(-1) > 0).sum()) / n_seq
         keep = keep.to(response_mask.dtype)
     return RolloutCorrection(weights=weights, keep_mask=keep, metrics=metrics)
+
+
+def correct_rollout_batch(batch: DataProto, config: Any) -> dict[str, float]:
+    """`compute_rollout_correction` on a step's batch: adds ``rollout_is_weights`` and ``rollout_rs_mask``
+    (read by the actor's update only) and returns the ``rollout_corr/*`` metrics.
+
+    Args:
+        batch: with ``old_log_probs``, ``rollout_log_probs`` and ``response_mask`` (or ``responses`` and
+            ``attention_mask``), each ``(bs, response_len)``.
+        config: ``algorithm.rollout_correction`` (`rlflow.config.schema.RolloutCorrectionConfig`).
+    """
+    tensors = batch.batch
+    if "response_mask" in tensors.keys():
+        mask = tensors["response_mask"]
+    else:
+        mask = tensors["attention_mask"][:, -tensors["responses"].shape[-1] :]
+    out = compute_rollout_correction(
+        tensors["old_log_probs"],
+        tensors["rollout_log_probs"],
+        mask,
+        rollout_is=config.rollout_is,
+        rollout_is_threshold=float(config.rollout_is_threshold),
+        rollout_is_batch_normalize=bool(config.rollout_is_batch_normalize),
+        rollout_rs=config.rollout_rs,
+        rollout_rs_threshold=config.rollout_rs_threshold,
+        rollout_rs_threshold_lower=config.rollout_rs_threshold_lower,
+        rollout_token_veto_threshold=config.rollout_token_veto_threshold,
+    )
+    if out.weights is not None:
+        tensors["rollout_is_weights"] = out.weights
+    if out.keep_mask is not None:
+        tensors["rollout_rs_mask"] = out.keep_mask
+    return out.metrics

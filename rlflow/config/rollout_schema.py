@@ -87,6 +87,7 @@ class RolloutSection:
         update_weights_bucket_megabytes: bringing the actor's weights into the engine (hf replica, vllm)
             all-gathers them in buckets of at most this many MiB, one collective per bucket; peak extra
             memory about two buckets (verl's key, also spelled ``checkpoint_engine.<key>``).
+        profile_ranks / profile_ranks_all / profile_discrete: as the actor's, for ``generate_sequences``.
     """
 
     name: str = "hf"
@@ -119,3 +120,6 @@ class RolloutSection:
     ignore_eos: bool = False
     min_tokens: int = 0
     update_weights_bucket_megabytes: int = 512
+    profile_ranks: list[int] | None = None
+    profile_ranks_all: bool = False
+    profile_discrete: bool = False

@@ -241,6 +241,9 @@ class ActorConfig:
         tis_imp_ratio_cap: truncated importance sampling between the rollout engine's and the trainer's
             probabilities (Yao et al. 2025): weights ``min(exp(old_log_prob - rollout_log_prob), cap)``
             multiply the per-token policy loss; -1 = off; needs ``rollout.calculate_log_probs``.
+        profile_ranks / profile_ranks_all / profile_discrete: the ranks that record ``torch.profiler``
+            traces on the steps of ``trainer.profile_steps``, one per step or one per call
+            (`rlflow.single_controller.profiling`); none by default.
     """
 
     strategy: str = "fsdp2"
@@ -263,6 +266,9 @@ class ActorConfig:
     grad_clip: float = 1.0
     ulysses_sequence_parallel_size: int = 1
     tis_imp_ratio_cap: float = -1.0
+    profile_ranks: list[int] | None = None
+    profile_ranks_all: bool = False
+    profile_discrete: bool = False
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -287,6 +293,7 @@ class RefConfig:
             arXiv:2404.09656; `rlflow.parallel.weight_mixing`); the reference is then checkpointed too.
         ref_model_sync_steps: steps between two syncs.
         ref_model_mixup_alpha: ``alpha`` in (0, 1] (1 copies the actor).
+        profile_ranks / profile_ranks_all / profile_discrete: as the actor's.
     """
 
     log_prob_micro_batch_size_per_gpu: int = 16
@@ -298,6 +305,9 @@ class RefConfig:
     sync_ref_model: bool = False
     ref_model_sync_steps: int = 512
     ref_model_mixup_alpha: float = 0.6
+    profile_ranks: list[int] | None = None
+    profile_ranks_all: bool = False
+    profile_discrete: bool = False
 
 
 @dataclass
@@ -345,6 +355,7 @@ class CriticConfig:
         ppo_micro_batch_size: verl's deprecated global form of ``ppo_micro_batch_size_per_gpu``
             (`rlflow.config.global_sizes`).
         forward_micro_batch_size: the same for ``forward_micro_batch_size_per_gpu``.
+        profile_ranks / profile_ranks_all / profile_discrete: as the actor's.
     """
 
     config_path: str | None = None
@@ -368,6 +379,9 @@ class CriticConfig:
     loss_agg_mode: str = II("actor_rollout_ref.actor.loss_agg_mode")
     ulysses_sequence_parallel_size: int = 1
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    profile_ranks: list[int] | None = None
+    profile_ranks_all: bool = False
+    profile_discrete: bool = False
 
 
 @dataclass

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from rlflow.config.checks import at_least, choice, every_or_never, positive, value_at
+from rlflow.config.checks import at_least, choice, every_or_never, flag, positive, value_at
 
-__all__ = ["DEVICES", "LOGGERS", "RESUME_MODES", "check_trainer"]
+__all__ = ["DEVICES", "LOGGERS", "PROFILED_SECTIONS", "RESUME_MODES", "check_profiler", "check_trainer"]
 
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 RESUME_MODES = ("auto", "disable", "resume_path")
@@ -49,5 +49,49 @@ def check_trainer(cfg: DictConfig) -> None:
     for i, name in enumerate(loggers):
         if name not in LOGGERS:
             raise ValueError(f"trainer.logger[{i}]={name!r} is not one of {list(LOGGERS)}")
+    check_profiler(cfg)
     at_least(cfg, "ray_init.num_cpus", 1, allow_none=True)
     at_least(cfg, "ray_init.object_store_memory", 1, allow_none=True)
+
+
+PROFILED_SECTIONS = (
+    "actor_rollout_ref.actor",
+    "actor_rollout_ref.rollout",
+    "actor_rollout_ref.ref",
+    "critic",
+)
+"""Sections with verl's ``profile_ranks`` / ``profile_ranks_all`` / ``profile_discrete``."""
+
+
+def _int_list(cfg: DictConfig, key: str, minimum: int, below: int | None = None) -> list[int]:
+    value = value_at(cfg, key)
+    if value is None:
+        return []
+    items = list(value) if not isinstance(value, int | str) else None
+    if items is None or any(isinstance(v, bool) or not isinstance(v, int) for v in items):
+        raise ValueError(f"{key}={value!r} must be a list of integers or null")
+    for v in items:
+        if v < minimum or (below is not None and v >= below):
+            bound = f"in [{minimum}, {below})" if below is not None else f">= {minimum}"
+            raise ValueError(f"{key}: {v} must be {bound}")
+    return items
+
+
+def check_profiler(cfg: DictConfig) -> None:
+    """``trainer.profile_steps`` and each role's profiled ranks (within the role's world size)."""
+    steps = _int_list(cfg, "trainer.profile_steps", 1)
+    world = int(value_at(cfg, "trainer.nnodes")) * int(value_at(cfg, "trainer.n_gpus_per_node"))
+    selected = False
+    for section in PROFILED_SECTIONS:
+        size = world
+        if section == "critic" and value_at(cfg, "critic.world_size") is not None:
+            size = int(value_at(cfg, "critic.world_size"))
+        ranks = _int_list(cfg, f"{section}.profile_ranks", 0, size)
+        every = flag(cfg, f"{section}.profile_ranks_all")
+        flag(cfg, f"{section}.profile_discrete")
+        selected = selected or every or bool(ranks)
+    if steps and not selected:
+        raise ValueError(
+            f"trainer.profile_steps={steps} but no role selects a rank to profile: set "
+            "<role>.profile_ranks (e.g. actor_rollout_ref.actor.profile_ranks=[0]) or <role>.profile_ranks_all=true"
+        )

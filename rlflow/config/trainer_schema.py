@@ -35,6 +35,8 @@ class TrainerConfig:
         use_legacy_worker_impl: verl's choice between its two worker implementations; rlflow has one
             (`rlflow.workers`), so ``auto`` and ``disable`` (or ``false``, older verl's boolean) run it and
             ``enable`` is refused.
+        profile_steps: the training steps profiled by the ranks each role's ``profile_ranks`` selects;
+            traces under ``<log_dir>/profile/step_<N>/`` (`rlflow.single_controller.profiling`).
         default_hdfs_dir: older verl's HDFS copy of the checkpoints; null only (rlflow writes
             ``default_local_dir``).
     """
@@ -68,6 +70,7 @@ class TrainerConfig:
     rollout_data_dir: str | None = None
     log_val_generations: int = 0
     use_legacy_worker_impl: str = "auto"
+    profile_steps: list[int] | None = None
 
 
 @dataclass

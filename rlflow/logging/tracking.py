@@ -44,6 +44,7 @@ __all__ = [
     "Tracking",
     "format_console_line",
     "format_postfix",
+    "run_log_dir",
     "summary_table",
     "wandb_mode",
 ]
@@ -97,6 +98,11 @@ _SUMMARY_KEYS: dict[str, str | None] = {
     "train/loss": "min",
     "val/loss": "min",
 }
+
+
+def run_log_dir(log_dir: str | None, project: str, experiment: str) -> str:
+    """``trainer.log_dir``, or ``outputs/<project>/<experiment>`` when it is null."""
+    return log_dir or os.path.join("outputs", str(project), str(experiment))
 
 
 def _fmt(value: float) -> str:

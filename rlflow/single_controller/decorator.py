@@ -64,6 +64,10 @@ def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> MeshDispatch:
     return MeshDispatch(mesh_name)
 
 
+_UNPROFILED = frozenset({"start_profile", "stop_profile", "execute_fn"})
+"""Registered methods never traced on their own (`rlflow.single_controller.profiling`)."""
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     dispatch_mode: Dispatch | MeshDispatch
@@ -100,7 +104,12 @@ def register(
                 device = args[0].device
                 args = (args[0], *(_to(a, device) for a in args[1:]))
                 kwargs = {k: _to(v, device) for k, v in kwargs.items()}
-            out = func(*args, **kwargs)
+            profiler = getattr(args[0], "step_profiler", None) if args else None
+            if profiler is None or func.__name__ in _UNPROFILED:
+                out = func(*args, **kwargs)
+            else:
+                with profiler.call(func.__name__):
+                    out = func(*args, **kwargs)
             if data_parallel:
                 out = _to(out, "cpu")
             # A rank whose output is not gathered (a sequence-parallel peer of a collect rank) returns

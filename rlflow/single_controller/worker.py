@@ -9,6 +9,7 @@ import torch
 
 from rlflow.parallel.distributed import bind_master_store
 from rlflow.single_controller.decorator import Dispatch, register
+from rlflow.single_controller.profiling import ProfileSelection, StepProfiler
 
 
 def node_ip_address() -> str:
@@ -46,6 +47,8 @@ class Worker:
             # the store binds its port now and keeps it (no window for another process to take it)
             os.environ["MASTER_PORT"] = str(bind_master_store(os.environ["MASTER_ADDR"], self._world_size))
         self._dispatch_info: dict[str, tuple[int, bool]] = {}
+        self.step_profiler: StepProfiler | None = None
+        """Set by `start_profile`; every registered call passes through its ``call`` context."""
 
     @property
     def rank(self) -> int:
@@ -78,6 +81,25 @@ class Worker:
         if mesh_name not in self._dispatch_info:
             raise KeyError(f"rank {self._rank} registered no dispatch info for mesh {mesh_name!r}")
         return self._dispatch_info[mesh_name]
+
+    # ---- profiling ------------------------------------------------------------------------------------
+
+    def profile_selections(self) -> list[ProfileSelection]:
+        """This worker's profile settings (`rlflow.single_controller.profiling`); none by default."""
+        return []
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def start_profile(self, step: int, out_dir: str, role: str = "worker") -> bool:
+        """Begin profiling ``step`` on this rank if its settings select it; returns whether it records."""
+        if self.step_profiler is None:
+            self.step_profiler = StepProfiler(role, self._rank, self.profile_selections())
+        self.step_profiler.start(step, out_dir)
+        return self.step_profiler.selected
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def stop_profile(self) -> list[str]:
+        """End the profiled step; returns the trace files this rank wrote."""
+        return [] if self.step_profiler is None else self.step_profiler.stop()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def execute_fn(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]

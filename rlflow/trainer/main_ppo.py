@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import sys
 from typing import Any
 
@@ -156,10 +155,10 @@ def rollout_summary(config: PPOTrainerConfig) -> str:
 
 def build_tracker(config: PPOTrainerConfig) -> Any:
     """The run's tracker (``trainer.logger`` backends under ``trainer.log_dir``)."""
-    from rlflow.logging.tracking import Tracking
+    from rlflow.logging.tracking import Tracking, run_log_dir
 
     t = config.trainer
-    log_dir = t.log_dir or os.path.join("outputs", str(t.project_name), str(t.experiment_name))
+    log_dir = run_log_dir(t.log_dir, t.project_name, t.experiment_name)
     return Tracking(
         str(t.project_name),
         str(t.experiment_name),

@@ -24,11 +24,10 @@ import numpy as np
 import torch
 
 from rlflow.algos.advantages import advantage_metrics, compute_advantage, get_estimator_info
-from rlflow.algos.rollout_correction import compute_rollout_correction
+from rlflow.algos.rollout_correction import correct_rollout_batch
 from rlflow.config import need_critic, to_typed, update_is_on_policy
 from rlflow.config.correction_checks import rollout_correction_active
 from rlflow.config.schema import PPOTrainerConfig
-from rlflow.engine.ppo_loop import response_mask_of
 from rlflow.engine.seqlen_balancing import balance_batch_across_dp
 from rlflow.logging.tracking import ProgressBar
 from rlflow.protocol import DataProto
@@ -44,7 +43,7 @@ from rlflow.trainer.metrics import (
     validation_metrics,
 )
 from rlflow.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
-from rlflow.trainer.worker_groups import WorkerGroups, build_worker_groups
+from rlflow.trainer.worker_groups import WorkerGroups, build_worker_groups, profiled_step
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +197,8 @@ class RayPPOTrainer:
                 epoch, batch = item
                 self.global_steps += 1
                 try:
-                    last = self.train_step(batch, epoch, more=batches)
+                    with profiled_step(self.groups, self.config.trainer, self.global_steps):
+                        last = self.train_step(batch, epoch, more=batches)
                 except OutOfData as err:
                     self.global_steps -= 1
                     logger.warning("%s; training stops after step %d", err, self.global_steps)
@@ -245,7 +245,7 @@ class RayPPOTrainer:
             elif self.bypass_old_log_prob:
                 batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"].clone()
             if self.rollout_correction is not None:
-                metrics.update(self._correct_rollout(batch))
+                metrics.update(correct_rollout_batch(batch, self.rollout_correction))
             if self.groups.ref is not None:
                 with _timer("ref", timing):
                     self._ref_log_prob(batch)
@@ -452,29 +452,6 @@ class RayPPOTrainer:
         if "rollout_log_probs" in batch.batch.keys():
             metrics.update(rollout_probs_diff(batch))
         return metrics
-
-    def _correct_rollout(self, batch: DataProto) -> dict[str, float]:
-        """``algorithm.rollout_correction``: ``rollout_is_weights`` and ``rollout_rs_mask`` for the actor's
-        loss (`compute_rollout_correction`); advantages, values and the critic see every token."""
-        rc = self.rollout_correction
-        tensors = batch.batch
-        out = compute_rollout_correction(
-            tensors["old_log_probs"],
-            tensors["rollout_log_probs"],
-            response_mask_of(batch),
-            rollout_is=rc.rollout_is,
-            rollout_is_threshold=float(rc.rollout_is_threshold),
-            rollout_is_batch_normalize=bool(rc.rollout_is_batch_normalize),
-            rollout_rs=rc.rollout_rs,
-            rollout_rs_threshold=rc.rollout_rs_threshold,
-            rollout_rs_threshold_lower=rc.rollout_rs_threshold_lower,
-            rollout_token_veto_threshold=rc.rollout_token_veto_threshold,
-        )
-        if out.weights is not None:
-            tensors["rollout_is_weights"] = out.weights
-        if out.keep_mask is not None:
-            tensors["rollout_rs_mask"] = out.keep_mask
-        return out.metrics
 
     def _ref_log_prob(self, batch: DataProto) -> None:
         out = self.groups.ref.compute_ref_log_prob(batch)

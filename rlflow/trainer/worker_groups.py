@@ -7,15 +7,20 @@ actor processes — on the bundles of one placement group per node. Each role's 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from rlflow.config import needed_roles
 from rlflow.config.schema import PPOTrainerConfig
+from rlflow.logging.tracking import run_log_dir
 from rlflow.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from rlflow.single_controller.worker_group import wait_all
 
-__all__ = ["WorkerGroups", "build_worker_groups", "init_batches"]
+__all__ = ["WorkerGroups", "build_worker_groups", "init_batches", "profiled_step"]
 
 logger = logging.getLogger(__name__)
 
@@ -104,3 +109,29 @@ def build_worker_groups(config: PPOTrainerConfig, total_training_steps: int) -> 
     sp = int(config.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
     groups.actor_dp_size = groups.actor.world_size // sp
     return groups
+
+
+@contextlib.contextmanager
+def profiled_step(groups: WorkerGroups, trainer: Any, step: int) -> Iterator[None]:
+    """``trainer.profile_steps``: on those steps the ranks each role's ``profile_ranks`` selects trace the
+    step (`rlflow.single_controller.profiling`) under ``<log_dir>/profile``; the files are logged.
+
+    Args:
+        groups: the run's worker groups.
+        trainer: the ``trainer`` config section.
+        step: the training step about to run.
+    """
+    steps = trainer.profile_steps
+    if not steps or step not in [int(s) for s in steps]:
+        yield
+        return
+    out_dir = os.path.join(
+        run_log_dir(trainer.log_dir, trainer.project_name, trainer.experiment_name), "profile"
+    )
+    for group in groups.all():
+        group.start_profile(step, out_dir, group.name)
+    try:
+        yield
+    finally:
+        files = [f for group in groups.all() for rank_files in group.stop_profile() for f in rank_files]
+        logger.info("step %d profiled: %d trace file(s) under %s", step, len(files), out_dir)

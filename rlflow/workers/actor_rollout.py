@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from rlflow.engine.actor import DataParallelPPOActor
@@ -27,6 +29,10 @@ class ActorRolloutWorker(RoleWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def init_model(self) -> None:
         self._build("causal_lm", actor_layout(self.config), self.config.actor_rollout_ref.actor.optim)
+
+    def profile_sections(self) -> list[tuple[Any, frozenset[str] | None]]:
+        arr = self.config.actor_rollout_ref
+        return [(arr.rollout, frozenset({"generate_sequences"})), (arr.actor, None)]
 
     def _init_roles(self) -> None:
         arr = self.config.actor_rollout_ref

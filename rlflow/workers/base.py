@@ -24,6 +24,7 @@ from rlflow.parallel.distributed import current_device
 from rlflow.parallel.sharded import load_optimizer_to_device, offload_optimizer_to_cpu
 from rlflow.protocol import DataProto
 from rlflow.single_controller import Dispatch, Worker, register
+from rlflow.single_controller.profiling import ProfileSelection
 from rlflow.utils.import_utils import import_external_libs
 from rlflow.workers.role_setup import (
     RoleLayout,
@@ -63,6 +64,22 @@ class RoleWorker(Worker):
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: Any = None
         self.layout: RoleLayout | None = None
+
+    def profile_sections(self) -> list[tuple[Any, frozenset[str] | None]]:
+        """``(config section with profile_ranks / profile_ranks_all / profile_discrete, the methods it
+        covers or None for all)``, matched in order; the role's own section by default."""
+        return []
+
+    def profile_selections(self) -> list[ProfileSelection]:
+        return [
+            ProfileSelection(
+                ranks=tuple(int(r) for r in (section.profile_ranks or ())),
+                all_ranks=bool(section.profile_ranks_all),
+                discrete=bool(section.profile_discrete),
+                methods=methods,
+            )
+            for section, methods in self.profile_sections()
+        ]
 
     def _build(self, kind: str, layout: RoleLayout, optim: OptimConfig | None) -> None:
         seed = int(self.config.trainer.seed)

@@ -10,6 +10,8 @@ One step with a critic (every call non-blocking up to the updates; the driver mo
 
 from __future__ import annotations
 
+from typing import Any
+
 from rlflow.algos.custom import load_custom_advantage_fn
 from rlflow.engine.advantage import compute_advantage_on_shard, shard_advantage_metrics
 from rlflow.engine.batching import critic_update_spec, log_prob_spec
@@ -36,6 +38,9 @@ class CriticWorker(RoleWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def init_model(self) -> None:
         self._build("value", critic_layout(self.config), self.config.critic.optim)
+
+    def profile_sections(self) -> list[tuple[Any, frozenset[str] | None]]:
+        return [(self.config.critic, None)]
 
     def _init_roles(self) -> None:
         critic = self.config.critic

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rlflow.engine.actor import DataParallelPPOActor
 from rlflow.engine.batching import log_prob_spec
 from rlflow.parallel.weight_mixing import mix_local_shards_
@@ -22,6 +24,9 @@ class RefWorker(RoleWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def init_model(self) -> None:
         self._build("causal_lm", ref_layout(self.config), optim=None)
+
+    def profile_sections(self) -> list[tuple[Any, frozenset[str] | None]]:
+        return [(self.config.actor_rollout_ref.ref, None)]
 
     def _init_roles(self) -> None:
         arr = self.config.actor_rollout_ref

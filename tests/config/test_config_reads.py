@@ -150,6 +150,8 @@ def test_every_key_is_read_or_refused(tmp_path, monkeypatch):
         "+custom_reward_function.reward_kwargs.bonus=0.5",
         f"algorithm.custom_advantage_function.path={advantage}",
         "algorithm.custom_advantage_function.name=centred",
+        "trainer.profile_steps=[2]",  # every role's profile keys are read on a profiled step
+        "critic.profile_ranks=[0]",
     ]
     reads = _run_and_collect(ppo)
     grpo = [

@@ -1,7 +1,7 @@
 """verl's example command lines run on rlflow with only environment edits.
 
-The override lists are in `tests/trainer/verl_scripts.py` (facts: each script's keys and values, the edits
-the environment dictates marked ``# env``). Every list composes and passes every pre-Ray check; one script
+The override lists are in `tests/trainer/verl_scripts/`, one file per trainer family (facts: each script's
+keys and values, the edits the environment dictates marked ``# env``). Every list composes and passes every pre-Ray check; one script
 per trainer family (PPO, GRPO, REINFORCE++, RLOO, ReMax, GPG, GMPO, DAPO) runs 2 steps
 (``trainer.total_training_steps=2`` added) and shows the metrics that family is about.
 """

@@ -1,0 +1,52 @@
+"""Override lists of verl example scripts (facts: the keys and values each script passes to
+``verl.trainer.main_ppo``), with the environment edits that fit them to a 2-core CPU machine.
+
+Kept: every key and value of the script. Edited, marked ``# env``: data and model paths (dropped: the
+embedded task and tiny model stand in), GPU counts, batch sizes and sequence lengths, the rollout engine
+(vLLM / SGLang need a GPU: ``hf``), tensor parallelism (1), the fused-kernel backend (triton is a GPU
+kernel: ``torch``), the device, wandb, the data loader's worker processes (0 on 2 cores: the scripts
+keep verl's default 8). The scripts' names are those of verl's ``examples/`` (and ``recipe/dapo``)
+directories.
+"""
+
+from __future__ import annotations
+
+from .grpo import (
+    GRPO_QWEN2_7B,
+    GRPO_QWEN2_7B_SEQ_BALANCE,
+    GRPO_QWEN2_7B_SYNC_REF_MODEL,
+)
+from .outcome import (
+    DAPO_7B_MATH,
+    GMPO_QWEN3_8B,
+    GPG_QWEN2_7B_MATH,
+    REINFORCE_PP_QWEN2_7B_MATH,
+    REMAX_QWEN25_3B_SEQ_BALANCE,
+    RLOO_QWEN2_7B,
+)
+from .ppo import (
+    DEEPSEEK7B_SP2,
+    DEEPSEEK7B_SP2_EARLY_2025,
+    PPO_QWEN2_7B_RM,
+    PPO_QWEN2_7B_RM_SEQ_BALANCE_FUSED,
+    PPO_QWEN2_7B_RM_SEQ_BALANCE_NSYS,
+    PPO_QWEN2_7B_SEQ_BALANCE,
+)
+
+__all__ = [
+    "DAPO_7B_MATH",
+    "DEEPSEEK7B_SP2",
+    "DEEPSEEK7B_SP2_EARLY_2025",
+    "GMPO_QWEN3_8B",
+    "GPG_QWEN2_7B_MATH",
+    "GRPO_QWEN2_7B",
+    "GRPO_QWEN2_7B_SEQ_BALANCE",
+    "GRPO_QWEN2_7B_SYNC_REF_MODEL",
+    "PPO_QWEN2_7B_RM",
+    "PPO_QWEN2_7B_RM_SEQ_BALANCE_FUSED",
+    "PPO_QWEN2_7B_RM_SEQ_BALANCE_NSYS",
+    "PPO_QWEN2_7B_SEQ_BALANCE",
+    "REINFORCE_PP_QWEN2_7B_MATH",
+    "REMAX_QWEN25_3B_SEQ_BALANCE",
+    "RLOO_QWEN2_7B",
+]

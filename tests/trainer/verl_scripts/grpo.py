@@ -1,0 +1,129 @@
+"""verl example scripts: GRPO (``examples/grpo_trainer``); see the package docstring."""
+
+from __future__ import annotations
+
+# examples/grpo_trainer/run_qwen2-7b.sh: GRPO, 5 responses per prompt, low-variance KL loss.
+GRPO_QWEN2_7B = [
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=8",  # env: 1024
+    "data.max_prompt_length=32",  # env: 512
+    "data.max_response_length=8",  # env: 1024
+    "data.filter_overlong_prompts=True",
+    "data.truncation='error'",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.model.use_remove_padding=True",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # env: 256
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5",  # env: 40
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.actor.kl_loss_coef=0.001",
+    "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+    "actor_rollout_ref.actor.entropy_coeff=0",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=5",  # env: 40
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # env: 2
+    "actor_rollout_ref.rollout.name=hf",  # env: vllm
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+    "actor_rollout_ref.rollout.n=5",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=5",  # env: 40
+    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+    "algorithm.use_kl_in_reward=False",
+    "trainer.critic_warmup=0",
+    "trainer.logger=[console]",  # env: console + wandb
+    "trainer.project_name='verl_grpo_example_gsm8k'",
+    "trainer.experiment_name='qwen2_7b_function_rm'",
+    "trainer.n_gpus_per_node=2",  # env: 8
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
+    "trainer.nnodes=1",
+    "trainer.save_freq=20",
+    "trainer.test_freq=5",
+    "trainer.total_epochs=15",
+]
+
+
+# examples/grpo_trainer/run_qwen2-7b_sync_ref_model.sh: GRPO with the reference moved toward the actor
+# every 128 steps (alpha 0.9); tests/trainer/test_ref_sync.py runs the same mechanism.
+GRPO_QWEN2_7B_SYNC_REF_MODEL = [
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=8",  # env: 1024
+    "data.max_prompt_length=32",  # env: 512
+    "data.max_response_length=8",  # env: 1024
+    "data.filter_overlong_prompts=True",
+    "data.truncation='error'",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.model.use_remove_padding=True",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # env: 256
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",  # env: 40
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.actor.kl_loss_coef=0.001",
+    "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+    "actor_rollout_ref.actor.entropy_coeff=0",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",  # env: 40
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # env: 2
+    "actor_rollout_ref.rollout.name=hf",  # env: vllm
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+    "actor_rollout_ref.rollout.n=5",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",  # env: 40
+    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+    "actor_rollout_ref.ref.sync_ref_model=True",
+    "actor_rollout_ref.ref.ref_model_sync_steps=128",
+    "actor_rollout_ref.ref.ref_model_mixup_alpha=0.9",
+    "algorithm.kl_ctrl.kl_coef=0.001",
+    "trainer.critic_warmup=0",
+    "trainer.logger=[console]",  # env: console + wandb
+    "trainer.project_name='verl_grpo_example_gsm8k'",
+    "trainer.experiment_name='qwen2_7b_function_rm'",
+    "trainer.n_gpus_per_node=2",  # env: 8
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
+    "trainer.nnodes=1",
+    "trainer.save_freq=-1",
+    "trainer.test_freq=5",
+    "trainer.total_epochs=15",
+]
+
+
+# examples/grpo_trainer/run_qwen2-7b_seq_balance.sh: GRPO with dynamic batch sizes (an older version also
+# sets actor_rollout_ref.rollout.mode=async: tests/trainer/test_verl_ports.py runs the list with it).
+GRPO_QWEN2_7B_SEQ_BALANCE = [
+    "algorithm.adv_estimator=grpo",
+    "data.return_raw_chat=True",
+    "data.train_batch_size=8",  # env: 1024
+    "data.max_prompt_length=32",  # env: 512
+    "data.max_response_length=8",  # env: 1024
+    "data.filter_overlong_prompts=True",
+    "data.truncation='error'",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.model.use_remove_padding=True",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # env: 256
+    "actor_rollout_ref.actor.use_dynamic_bsz=True",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24000",
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.actor.kl_loss_coef=0.001",
+    "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+    "actor_rollout_ref.actor.entropy_coeff=0",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # env: 2
+    "actor_rollout_ref.rollout.name=hf",  # env: sglang
+    "actor_rollout_ref.rollout.multi_turn.format=hermes",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+    "actor_rollout_ref.rollout.n=5",
+    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+    "algorithm.use_kl_in_reward=False",
+    "trainer.critic_warmup=0",
+    "trainer.logger=[console]",  # env: console + wandb
+    "trainer.project_name='verl_grpo_example_gsm8k'",
+    "trainer.experiment_name='qwen2_7b_function_rm_kl1e-3'",
+    "trainer.val_before_train=False",
+    "trainer.n_gpus_per_node=2",  # env: 8
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
+    "trainer.nnodes=1",
+    "trainer.save_freq=20",
+    "trainer.test_freq=5",
+    "trainer.total_epochs=15",
+]
