@@ -94,11 +94,12 @@ def port_range() -> tuple[int, int]:
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` now, for ``MASTER_PORT`` (the rank-0 store binds it a moment later).
+    """A TCP port free on ``host`` now: a random port of `port_range` that binds (``bind(0)`` only when
+    200 tries all failed), for a server that binds it a moment later.
 
-    Not a port the kernel picks (``bind(0)`` returns one from the ephemeral range, which any outgoing
-    connection may take before the store binds it: EADDRINUSE), and not one of Ray's worker ports: a
-    random port of `port_range` that binds now; ``bind(0)`` only when 200 tries all failed.
+    Only *checked* free: another process can take it in between (on some machines outgoing connections take
+    local ports from the whole range, not only the ephemeral one). rlflow's own rendezvous never uses it:
+    rank 0 binds its store as it picks the port (`bind_master_store`).
     """
     low, high = port_range()
     rng = random.Random(os.getpid() ^ time.monotonic_ns())
@@ -175,7 +176,8 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
     if world_size == 1:
         rank = _env_int("RANK", 0)
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(find_free_port()))
+        if not os.environ.get("MASTER_PORT"):
+            os.environ["MASTER_PORT"] = str(bind_master_store(os.environ["MASTER_ADDR"], 1))
     else:
         rank = _env_int("RANK", None)
         for name in ("MASTER_ADDR", "MASTER_PORT"):
@@ -206,9 +208,27 @@ def get_world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def _spawn_entry(
-    local_rank: int, fn: Callable[..., Any], world_size: int, port: int, out_dir: str, args: tuple
-) -> None:
+def _share_master_port(local_rank: int, world_size: int, out_dir: str, timeout_s: float = 120.0) -> int:
+    """Rank 0 binds the rendezvous store (`bind_master_store`) and writes its port to ``out_dir``; the
+    other ranks wait for that file."""
+    path = os.path.join(out_dir, "master_port")
+    if local_rank == 0:
+        port = bind_master_store("127.0.0.1", world_size)
+        with open(path + ".tmp", "w") as f:
+            f.write(str(port))
+        os.replace(path + ".tmp", path)  # atomic: a reader sees the whole number or no file
+        return port
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"spawned rank {local_rank}: rank 0 wrote no master port in {timeout_s:.0f} s")
+        time.sleep(0.01)
+    with open(path) as f:
+        return int(f.read())
+
+
+def _spawn_entry(local_rank: int, fn: Callable[..., Any], world_size: int, out_dir: str, args: tuple) -> None:
+    port = _share_master_port(local_rank, world_size, out_dir)
     os.environ.update(
         RANK=str(local_rank),
         LOCAL_RANK=str(local_rank),
@@ -252,7 +272,7 @@ def spawn_workers(fn: Callable[..., Any], world_size: int, args: tuple = ()) -> 
 
     with tempfile.TemporaryDirectory() as out_dir:
         try:
-            mp.spawn(_spawn_entry, args=(fn, world_size, find_free_port(), out_dir, args), nprocs=world_size)
+            mp.spawn(_spawn_entry, args=(fn, world_size, out_dir, args), nprocs=world_size)
         except mp.ProcessExitedException as exc:
             saved = os.path.exists(os.path.join(out_dir, f"rank{exc.error_index}.pt"))
             where = "after saving its result" if saved else f"inside {getattr(fn, '__name__', fn)!r}"

@@ -79,17 +79,17 @@ class RewardModelWorker(Worker):
                 load_tokenizer(model_path(model), trust_remote_code=trust),
             )
 
-    def _inputs(self, data: DataProto) -> tuple[TensorDict, torch.Tensor | None]:
-        """What the reward model reads: the policy's tokens, or the conversations re-tokenized with its own
-        tokenizer (``model.input_tokenizer``; then also the policy's response mask, to place the scores)."""
+    def _inputs(self, data: DataProto) -> tuple[TensorDict, torch.Tensor]:
+        """What the reward model reads — the policy's tokens, or the conversations re-tokenized with its own
+        tokenizer (``model.input_tokenizer``) — and the policy's response mask, where the scores go."""
+        response_mask = data.batch["attention_mask"][:, -data.batch["responses"].shape[-1] :]
         if self.tokenizers is None:
-            return data.batch, None
+            return data.batch, response_mask
         if "raw_prompt" not in data.non_tensor_batch:
             raise ValueError(
                 "reward_model.model.input_tokenizer needs the prompts' chat messages: set data.return_raw_chat=true"
             )
         limit = self.max_lengths["prompt"] + self.max_lengths["response"]
-        response_mask = data.batch["attention_mask"][:, -data.batch["responses"].shape[-1] :]
         tensors, truncated = retokenize_conversations(
             data.batch["responses"].cpu(),
             response_mask.cpu(),
@@ -147,8 +147,6 @@ class RewardModelWorker(Worker):
             self.module.to("cpu")
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-        if response_mask is None:
-            response_mask = data.batch["attention_mask"][:, -widths["response"] :]
         return DataProto.from_dict(
             tensors={"rm_scores": place_on_last_token(micro.restore(parts), response_mask)}
         )

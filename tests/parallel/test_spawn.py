@@ -37,8 +37,7 @@ def test_crash_inside_the_function_names_the_rank_and_where():
 
 
 def test_checked_free_ports_are_outside_the_ports_the_kernel_and_ray_hand_out():
-    """`find_free_port` (``spawn_workers``' ``MASTER_PORT``) checks a port free that the rank-0 store binds
-    a moment later. A port of the kernel's ephemeral range can be taken in between by any outgoing
+    """`find_free_port` checks a port free that a server binds a moment later. A port of the kernel's ephemeral range can be taken in between by any outgoing
     connection (Ray opens many); Ray's workers listen on 10002..19999. So it picks between the two."""
     import socket
 

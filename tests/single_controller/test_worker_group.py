@@ -420,3 +420,48 @@ def _processes_mentioning(text: str) -> list[str]:
         if text in cmd:
             found.append(f"{pid}: {cmd[:200]}")
     return found
+
+
+INHERITED_MASTER_PORT = """
+import socket, sys
+import torch, torch.distributed as dist
+from rlflow.parallel.distributed import init_distributed
+from rlflow.single_controller import (
+    Dispatch, RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, Worker, init_ray, register,
+)
+
+class SumWorker(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def all_reduce(self):
+        import os
+        init_distributed(backend="gloo", timeout_s=60)
+        t = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(t)
+        return float(t), os.environ["MASTER_PORT"]
+
+held = socket.socket()
+held.bind(("127.0.0.1", 0))
+held.listen()
+import os
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(held.getsockname()[1]))  # set before Ray starts
+init_ray(num_cpus=2, object_store_memory=100 * 2**20)
+pool = RayResourcePool([2], name_prefix="m")
+group = RayWorkerGroup(pool, RayClassWithInitArgs(SumWorker), name_prefix="m")
+print(held.getsockname()[1], group.all_reduce())
+"""
+
+
+def test_a_master_port_inherited_from_the_driver_is_not_reused(tmp_path):
+    """A driver that set MASTER_ADDR/PORT for itself before Ray started (its own process group, a launcher):
+    the Ray processes inherit them, and a worker group's rank 0 must still bind a store of its own — the
+    inherited port is taken (here by a listening socket), so using it fails with EADDRINUSE."""
+    proc = subprocess.run(
+        [sys.executable, "-c", INHERITED_MASTER_PORT],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=str(tmp_path),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    held, results = proc.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert "(3.0, " in results and held not in results, (held, results)
