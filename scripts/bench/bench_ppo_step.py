@@ -23,7 +23,7 @@ Benches (the step geometry of docs/benchmarks.md, one optimizer step per rollout
 
 Layouts (`LAYOUTS`): ``default`` (the shipped defaults: two ranks, one thread each), ``1rank`` (one rank
 with every core: ``trainer.n_gpus_per_node=1 trainer.cpus_per_worker=<cores>``) and ``fast`` (``1rank``
-with micro-batches as large as the batch), alternated A B C, C B A, ... for ``--rounds`` rounds. ``--vs-trl`` adds TRL's ``GRPOTrainer`` with the same model, prompts, reward and
+with micro-batches as large as the batch), ``bypass`` (``fast`` without the old-log-prob pass), alternated A B C, C B A, ... for ``--rounds`` rounds. ``--vs-trl`` adds TRL's ``GRPOTrainer`` with the same model, prompts, reward and
 geometry (GRPO benches only: TRL 1.x has no PPO trainer), in its own process with both cores, alternated
 with the rlflow runs, and prints the ratio.
 
@@ -90,9 +90,15 @@ LAYOUTS: dict[str, list[str]] = {
         "reward_model.micro_batch_size_per_gpu=64",
     ],
 }
+LAYOUTS["bypass"] = [
+    *LAYOUTS["fast"],
+    "actor_rollout_ref.rollout.calculate_log_probs=true",
+    "algorithm.rollout_correction.bypass_mode=true",
+]
 """``default``: the shipped layout (2 single-thread ranks). ``1rank``: one rank with every core (the roles
 colocated on it take turns, each with all the cores). ``fast``: ``1rank`` plus micro-batches as large as
-the batch (dynamic batching under a budget no bench reaches): the fastest layout measured on 2 cores."""
+the batch (dynamic batching under a budget no bench reaches). ``bypass``: ``fast`` with the rollout's
+log-probs as the old policy's (``algorithm.rollout_correction.bypass_mode``: no ``compute_log_prob`` pass)."""
 
 PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
 ROLE_PROCESSES = {

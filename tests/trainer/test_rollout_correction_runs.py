@@ -1,12 +1,16 @@
-"""``algorithm.rollout_correction`` in whole PPO runs (critic, GAE, 2 mini-batches per step).
+"""``algorithm.rollout_correction`` in whole PPO runs (critic, GAE, 2 mini-batches per step), and the step
+profiler (``trainer.profile_steps``) in the same decoupled run.
 
 The hf rollout and the trainer compute the same log-probs up to float noise, so in the decoupled mode the
 importance weights are 1 and nothing is rejected (within noise); in bypass mode the ``compute_log_prob``
 pass is skipped, the rollout's log-probs are the old policy's (weights exactly 1, KL exactly 0) and the
-step's losses equal the decoupled run's up to that noise.
+step's losses equal the decoupled run's up to that noise. The profiled step 2 leaves the traces of the
+selected ranks of each role, per call or per step as asked, and step 1 none.
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -19,26 +23,45 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 
 RC = "algorithm.rollout_correction"
 COMMON = [
-    "trainer.total_training_steps=1",
     "actor_rollout_ref.rollout.calculate_log_probs=true",
     f"{RC}.rollout_is=token",
     f"{RC}.rollout_rs=token",
     f"{RC}.rollout_token_veto_threshold=1e-4",
 ]
+PROFILE = [
+    "trainer.profile_steps=[2]",
+    "actor_rollout_ref.actor.profile_ranks=[0]",
+    "actor_rollout_ref.actor.profile_discrete=true",
+    "actor_rollout_ref.rollout.profile_ranks=[1]",
+    "actor_rollout_ref.rollout.profile_discrete=true",
+    "critic.profile_ranks_all=true",  # continuous: one trace per rank for the whole step
+]
 
 
-def test_decoupled_and_bypass_modes(tmp_path):
-    decoupled = run_ppo(load_config(_overrides(tmp_path / "d", *COMMON), config_name="demo"))["history"][-1]
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("rollout_correction")
+    decoupled = run_ppo(load_config(_overrides(tmp / "d", *COMMON, *PROFILE), config_name="demo"))["history"]
     bypass = run_ppo(
-        load_config(_overrides(tmp_path / "b", *COMMON, f"{RC}.bypass_mode=true"), config_name="demo")
-    )["history"][-1]
+        load_config(
+            _overrides(tmp / "b", *COMMON, "trainer.total_training_steps=1", f"{RC}.bypass_mode=true"),
+            config_name="demo",
+        )
+    )["history"]
+    return {"decoupled": decoupled[0], "bypass": bypass[0], "profile": tmp / "d" / "logs" / "profile"}
 
+
+def test_decoupled_mode_weights_are_one_and_nothing_is_rejected(runs):
+    decoupled = runs["decoupled"]
     assert decoupled["timing_s/old_log_prob"] > 0
     assert decoupled["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-4)
     assert abs(decoupled["rollout_corr/kl"]) < 1e-5
     assert decoupled["rollout_corr/rollout_rs_masked_fraction"] == 0.0
     assert decoupled["rollout_corr/rollout_is_veto_fraction"] == 0.0
 
+
+def test_bypass_mode_skips_the_old_log_prob_pass_and_matches_the_decoupled_step(runs):
+    decoupled, bypass = runs["decoupled"], runs["bypass"]
     assert "timing_s/old_log_prob" not in bypass
     assert bypass["rollout_corr/rollout_is_mean"] == 1.0 and bypass["rollout_corr/kl"] == 0.0
     assert bypass["rollout_corr/rollout_rs_masked_fraction"] == 0.0
@@ -48,3 +71,19 @@ def test_decoupled_and_bypass_modes(tmp_path):
     scale = abs(decoupled["actor/pg_loss"]) + 1e-3
     assert bypass["actor/pg_loss"] == pytest.approx(decoupled["actor/pg_loss"], abs=1e-4 * scale)
     assert bypass["actor/ppo_kl"] == pytest.approx(decoupled["actor/ppo_kl"], abs=1e-5)
+
+
+def test_the_profiled_step_writes_the_selected_traces(runs):
+    root = runs["profile"]
+    assert sorted(p.name for p in root.iterdir()) == ["step_2"]
+    files = sorted(p.name for p in (root / "step_2").iterdir())
+    assert files == [
+        "actor_rollout_rank0_compute_log_prob.json",
+        "actor_rollout_rank0_update_actor.json",
+        "actor_rollout_rank1_generate_sequences.json",
+        "critic_rank0.json",
+        "critic_rank1.json",
+    ]
+    update = json.loads((root / "step_2" / "actor_rollout_rank0_update_actor.json").read_text())
+    names = {e.get("name", "") for e in update["traceEvents"]}
+    assert any("mm" in n for n in names) and any("backward" in n.lower() for n in names)
