@@ -16,6 +16,8 @@ from collections.abc import Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlflow.config.verl_unsupported import unsupported_advice
+
 __all__ = ["check_override_keys", "drop_append_on_known_keys", "schema_keys", "suggest_keys"]
 
 logger = logging.getLogger(__name__)
@@ -108,10 +110,18 @@ def check_override_keys(overrides: Iterable[str], schema: type, doc: str = "docs
     problems = []
     for item in overrides:
         key = _override_key(item)
+        if key is None and item.startswith("+") and not item.startswith("++") and "=" in item:
+            key = item[1:].split("=", 1)[0].strip()  # an appended key: refused here only with advice
+            if unsupported_advice(key) is None:
+                continue
         if key is None or key in keys:
             continue
         parts = key.split(".")
         if any(".".join(parts[:i]) in open_sections for i in range(1, len(parts))):
+            continue
+        advice = unsupported_advice(key)
+        if advice is not None:
+            problems.append(f"{key}: {advice}")
             continue
         hint = suggest_keys(key, keys)
         meant = f" (did you mean {' or '.join(repr(k) for k in hint)}?)" if hint else ""

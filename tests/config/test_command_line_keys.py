@@ -32,6 +32,29 @@ def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, me
         load_config([override], config_name="demo")
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("actor_rollout_ref.model.use_liger=True", "actor_rollout_ref.model.use_liger: Liger kernels"),
+        (
+            "+actor_rollout_ref.rollout.engine_kwargs.trtllm.batch_wait_timeout_iters=32",
+            "actor_rollout_ref.rollout.engine_kwargs.trtllm.batch_wait_timeout_iters: a TensorRT-LLM",
+        ),
+        ("actor_rollout_ref.rollout.quantization=torchao", "a quantized rollout engine"),
+        (
+            "reward_model.sandbox_fusion_url=https://x",
+            "reward_model.sandbox_fusion_url: verl's SandboxFusion",
+        ),
+        ("trainer.log_system_metrics=True", "trainer.log_system_metrics: MLflow's system metrics"),
+        ("global_profiler.steps=[1]", "global_profiler.steps: verl's later profiler layout"),
+        ("actor_rollout_ref.model.lora_rank=32", "LoRA adapters are not supported"),
+    ],
+)
+def test_verl_keys_rlflow_lacks_are_refused_with_what_to_do(override: str, message: str):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_config([override], config_name="demo")
+
+
 def test_override_key_check_lets_valid_forms_through():
     # verl spellings (rewritten first), free-form sections, hydra keys, '+'/'~' forms and flags
     load_config(

@@ -1,0 +1,71 @@
+"""verl keys rlflow does not have, each with what to do instead (`rlflow.config.suggest.check_override_keys`).
+
+An unknown key gets "did you mean"; a key that verl has and rlflow deliberately lacks gets this advice
+instead, so a ported script fails with the reason and the replacement. Matching is by the key or any
+section above it (``actor_rollout_ref.rollout.engine_kwargs`` covers ``...engine_kwargs.trtllm.x``).
+"""
+
+from __future__ import annotations
+
+__all__ = ["VERL_UNSUPPORTED", "unsupported_advice"]
+
+_TRTLLM = (
+    "a TensorRT-LLM / SGLang engine option: rlflow's rollout engines are hf and vllm "
+    "(actor_rollout_ref.rollout.name); vLLM's batch limits are rollout.max_num_seqs and "
+    "rollout.max_num_batched_tokens. Drop the key"
+)
+_QUANTIZED = (
+    "a quantized rollout engine (vLLM with fp8 / torchao weights) is not supported: drop the key; the rollout "
+    "computes in actor_rollout_ref.rollout.dtype (null = the actor's precision)"
+)
+_LORA = "LoRA adapters are not supported (rlflow trains every weight): drop the LoRA keys, or train a smaller model"
+_PROFILER = (
+    "verl's later profiler layout: rlflow reads the earlier one, trainer.profile_steps and each role's "
+    "profile_ranks / profile_ranks_all / profile_discrete (torch.profiler traces, docs/migrating_from_verl.md)"
+)
+
+VERL_UNSUPPORTED: dict[str, str] = {
+    "actor_rollout_ref.model.use_liger": (
+        "Liger kernels (Triton GPU kernels) are not part of rlflow: drop the key; "
+        "actor_rollout_ref.model.use_fused_kernels=true bounds the LM head's memory (a chunked PyTorch head)"
+    ),
+    "actor_rollout_ref.rollout.quantization": _QUANTIZED,
+    "actor_rollout_ref.rollout.quantization_config_file": _QUANTIZED,
+    "actor_rollout_ref.rollout.max_batch_size": _TRTLLM,
+    "actor_rollout_ref.rollout.engine_kwargs": _TRTLLM,
+    "reward_model.sandbox_fusion_url": (
+        "verl's SandboxFusion code-execution service (with reward_manager=prime): rlflow has no sandbox client; "
+        "score code with a custom_reward_function (custom_reward_function.path / name) that calls your sandbox"
+    ),
+    "trainer.log_system_metrics": (
+        "MLflow's system metrics: rlflow has no mlflow logger (trainer.logger: console, jsonl, tensorboard, "
+        "wandb); drop the key (wandb records system metrics itself)"
+    ),
+    "trainer.bench_steps": (
+        "rlflow has no such key: every step logs its phase times (timing_s/*), and trainer.profile_steps "
+        "records traces of chosen steps; drop it"
+    ),
+    "actor_rollout_ref.model.lora_rank": _LORA,
+    "actor_rollout_ref.model.lora_alpha": _LORA,
+    "actor_rollout_ref.model.target_modules": _LORA,
+    "actor_rollout_ref.rollout.load_format": (
+        "vLLM's weight-loading format (safetensors / dummy / layered summon for LoRA): rlflow's vLLM engine "
+        "starts from the model path and then receives the actor's weights each step; drop the key"
+    ),
+    "global_profiler": _PROFILER,
+    "actor_rollout_ref.actor.profiler": _PROFILER,
+    "actor_rollout_ref.rollout.profiler": _PROFILER,
+    "actor_rollout_ref.ref.profiler": _PROFILER,
+    "critic.profiler": _PROFILER,
+}
+"""verl key (or section) -> why rlflow lacks it and what to do."""
+
+
+def unsupported_advice(key: str) -> str | None:
+    """The advice for ``key`` or the nearest section above it in `VERL_UNSUPPORTED`; None if neither."""
+    parts = key.split(".")
+    for i in range(len(parts), 0, -1):
+        advice = VERL_UNSUPPORTED.get(".".join(parts[:i]))
+        if advice is not None:
+            return advice
+    return None
