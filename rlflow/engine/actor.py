@@ -159,9 +159,10 @@ class DataParallelPPOActor:
             data: forward keys plus ``old_log_probs``, ``advantages`` (bs, response_len),
                 ``ref_log_prob`` when ``use_kl_loss``, and from ``algorithm.rollout_correction``
                 optionally ``rollout_is_weights`` (multiply the per-token policy loss) and
-                ``rollout_rs_mask`` (0 = the token leaves the loss and its token counts). ``old_log_probs`` may be left out when the update
-                is on-policy (one epoch, one mini-batch: `rlflow.config.update_is_on_policy`): each
-                micro-batch's own detached log-probs are then the old policy's, exactly.
+                ``rollout_rs_mask`` (0 = the token leaves the loss and its token counts).
+                ``old_log_probs`` may be left out when the update is on-policy (one epoch, one
+                mini-batch: `rlflow.config.update_is_on_policy`): each micro-batch's own detached
+                log-probs are then the old policy's, exactly.
             step: the training step (seeds the mini-batch shuffle).
 
         Returns:

@@ -67,7 +67,7 @@ class RoleWorker(Worker):
 
     def profile_sections(self) -> list[tuple[Any, frozenset[str] | None]]:
         """``(config section with profile_ranks / profile_ranks_all / profile_discrete, the methods it
-        covers or None for all)``, matched in order; the role's own section by default."""
+        covers or None for all)``, matched in order (each role lists its own; none by default)."""
         return []
 
     def profile_selections(self) -> list[ProfileSelection]:
