@@ -195,19 +195,15 @@ def correct_rollout_batch(batch: DataProto, config: Any) -> dict[str, float]:
     (read by the actor's update only) and returns the ``rollout_corr/*`` metrics.
 
     Args:
-        batch: with ``old_log_probs``, ``rollout_log_probs`` and ``response_mask`` (or ``responses`` and
-            ``attention_mask``), each ``(bs, response_len)``.
+        batch: with ``old_log_probs``, ``rollout_log_probs`` and ``response_mask`` (the rollout's outputs
+            carry both), each ``(bs, response_len)``.
         config: ``algorithm.rollout_correction`` (`rlflow.config.schema.RolloutCorrectionConfig`).
     """
     tensors = batch.batch
-    if "response_mask" in tensors.keys():
-        mask = tensors["response_mask"]
-    else:
-        mask = tensors["attention_mask"][:, -tensors["responses"].shape[-1] :]
     out = compute_rollout_correction(
         tensors["old_log_probs"],
         tensors["rollout_log_probs"],
-        mask,
+        tensors["response_mask"],
         rollout_is=config.rollout_is,
         rollout_is_threshold=float(config.rollout_is_threshold),
         rollout_is_batch_normalize=bool(config.rollout_is_batch_normalize),

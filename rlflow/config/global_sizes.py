@@ -24,7 +24,7 @@ import logging
 
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["GLOBAL_MICRO_BATCH_KEYS", "convert_global_micro_batch_sizes"]
+__all__ = ["GLOBAL_MICRO_BATCH_KEYS", "convert_global_micro_batch_sizes", "role_world_size"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +55,18 @@ def _int(cfg: DictConfig, key: str) -> int:
     return value
 
 
+def role_world_size(cfg: DictConfig, section: str) -> int:
+    """Ranks of the group that runs ``section``: ``nnodes × n_gpus_per_node``, or ``critic.world_size``
+    for the critic when it is set."""
+    if section == "critic" and OmegaConf.select(cfg, "critic.world_size") is not None:
+        return _int(cfg, "critic.world_size")
+    return _int(cfg, "trainer.nnodes") * _int(cfg, "trainer.n_gpus_per_node")
+
+
 def _dp_size(cfg: DictConfig, section: str) -> int:
-    world = _int(cfg, "trainer.nnodes") * _int(cfg, "trainer.n_gpus_per_node")
+    world = role_world_size(cfg, section)
     if section == "reward_model":
         return world
-    if section == "critic" and OmegaConf.select(cfg, "critic.world_size") is not None:
-        world = _int(cfg, "critic.world_size")
     sp = _int(cfg, f"{section}.ulysses_sequence_parallel_size")
     return max(world // sp, 1)
 

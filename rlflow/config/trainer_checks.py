@@ -6,6 +6,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from rlflow.config.checks import at_least, choice, every_or_never, flag, positive, value_at
+from rlflow.config.global_sizes import role_world_size
 
 __all__ = ["DEVICES", "LOGGERS", "PROFILED_SECTIONS", "RESUME_MODES", "check_profiler", "check_trainer"]
 
@@ -80,13 +81,12 @@ def _int_list(cfg: DictConfig, key: str, minimum: int, below: int | None = None)
 def check_profiler(cfg: DictConfig) -> None:
     """``trainer.profile_steps`` and each role's profiled ranks (within the role's world size)."""
     steps = _int_list(cfg, "trainer.profile_steps", 1)
-    world = int(value_at(cfg, "trainer.nnodes")) * int(value_at(cfg, "trainer.n_gpus_per_node"))
     selected = False
     for section in PROFILED_SECTIONS:
-        size = world
-        if section == "critic" and value_at(cfg, "critic.world_size") is not None:
-            size = int(value_at(cfg, "critic.world_size"))
-        ranks = _int_list(cfg, f"{section}.profile_ranks", 0, size)
+        key = f"{section}.profile_ranks"
+        ranks = (
+            _int_list(cfg, key, 0, role_world_size(cfg, section)) if value_at(cfg, key) is not None else []
+        )
         every = flag(cfg, f"{section}.profile_ranks_all")
         flag(cfg, f"{section}.profile_discrete")
         selected = selected or every or bool(ranks)

@@ -11,8 +11,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import random
-import socket
 import sys
 import tempfile
 import time
@@ -29,11 +27,9 @@ __all__ = [
     "current_device",
     "default_backend",
     "device_type",
-    "find_free_port",
     "get_rank",
     "get_world_size",
     "init_distributed",
-    "port_range",
     "spawn_workers",
 ]
 
@@ -78,44 +74,6 @@ def default_backend() -> str:
     return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
 
 
-RAY_WORKER_PORTS_END = 20000
-"""Ray's workers listen on ports 10002..19999 by default (``--min/max-worker-port``)."""
-
-
-def port_range() -> tuple[int, int]:
-    """``[low, high)`` of the ports `find_free_port` picks from: above Ray's worker ports and below the
-    kernel's ephemeral range (``/proc/sys/net/ipv4/ip_local_port_range``, 32768 when it cannot be read)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            ephemeral_low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        ephemeral_low = 32768
-    return RAY_WORKER_PORTS_END, max(ephemeral_low, RAY_WORKER_PORTS_END + 1)
-
-
-def find_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` now: a random port of `port_range` that binds (``bind(0)`` only when
-    200 tries all failed), for a server that binds it a moment later.
-
-    Only *checked* free: another process can take it in between (on some machines outgoing connections take
-    local ports from the whole range, not only the ephemeral one). rlflow's own rendezvous never uses it:
-    rank 0 binds its store as it picks the port (`bind_master_store`).
-    """
-    low, high = port_range()
-    rng = random.Random(os.getpid() ^ time.monotonic_ns())
-    for _ in range(200):
-        port = rng.randrange(low, high)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 _held_store: Any = None
 """The rendezvous store this process bound as rank 0 (`bind_master_store`), used by `init_distributed`."""
 
@@ -123,8 +81,9 @@ _held_store: Any = None
 def bind_master_store(host: str, world_size: int, timeout_s: float = 1800.0) -> int:
     """Rank 0: bind the rendezvous store now, on a port the kernel assigns as it binds; returns the port.
 
-    A port that is only *checked* free (`find_free_port`) can be taken by another process before the
-    store binds it seconds later (EADDRINUSE when the ranks meet). Here the store holds its port from the
+    A port that is only *checked* free (bind, close, hand out) can be taken by another process before the
+    store binds it seconds later (EADDRINUSE when the ranks meet; on some machines outgoing connections take
+    local ports from the whole range, not only the ephemeral one). Here the store holds its port from the
     start; `init_distributed` builds the process group on it, and the other ranks connect to
     ``MASTER_ADDR:<the port>`` as usual.
     """

@@ -113,11 +113,8 @@ class RayPPOTrainer:
         self.rollout_correction = correction if rollout_correction_active(config) else None
         if self.bypass_old_log_prob:
             logger.info(
-                "algorithm.rollout_correction.bypass_mode: the rollout's log-probs are the old policy's; the "
-                "compute_log_prob pass is skipped%s",
-                " (rollout_is / rollout_rs then compare identical log-probs: weights 1, nothing rejected)"
-                if self.rollout_correction is not None
-                else "",
+                "algorithm.rollout_correction.bypass_mode: the rollout's log-probs are the old policy's (no "
+                "compute_log_prob pass; rollout_is / rollout_rs then see identical log-probs: weights 1)"
             )
         elif not self.recompute_old_log_prob:
             logger.info(

@@ -102,10 +102,14 @@ def test_deepseek7b_llm_sp2_runs_two_steps(tmp_path):
 @pytest.mark.usefixtures("ray_session")
 def test_fused_kernels_reward_model_seq_balance_port_runs_two_steps(tmp_path, reward_model_dir):
     """The fused LM head (actor), dynamic batch sizes for actor, critic and the reward model, and the
-    reward model's weights offloaded: two steps with finite losses and reward-model scores."""
-    cfg = load_config([*_environment(PPO_QWEN2_7B_RM_SEQ_BALANCE_FUSED, reward_model_dir), *_local(tmp_path)])
+    reward model's weights offloaded: two steps with finite losses and reward-model scores. With the
+    rollout's log-probs reported, the old-log-prob pass (the fused head, in chunks from the hidden states)
+    must give the generation replica's log-probs (a plain output layer) to float precision."""
+    overrides = _environment(PPO_QWEN2_7B_RM_SEQ_BALANCE_FUSED, reward_model_dir)
+    cfg = load_config([*overrides, *_local(tmp_path), "actor_rollout_ref.rollout.calculate_log_probs=true"])
     assert cfg.actor_rollout_ref.model.use_fused_kernels and cfg.reward_model.use_dynamic_bsz
     for h in _steps(run_ppo(cfg)["history"]):
+        assert h["training/rollout_probs_diff_max"] < 1e-4
         for key in (
             "actor/pg_loss",
             "actor/entropy",
