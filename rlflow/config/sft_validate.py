@@ -15,6 +15,7 @@ from rlflow.config.checks import at_least, choice, every_or_never, flag, in_rang
 from rlflow.config.trainer_checks import DEVICES, RESUME_MODES
 from rlflow.data.sft_dataset import SFT_TRUNCATION_MODES
 from rlflow.data.tasks import TASKS
+from rlflow.trainer.checkpoint_mirror import check_mirror_destination
 from rlflow.utils.dtypes import DTYPES
 
 __all__ = ["sft_world_size", "validate_sft_config"]
@@ -37,7 +38,6 @@ _REFUSED = (
         "fp32",
         "master weights stay fp32; set model.fsdp_config.mixed_precision.param_dtype=bf16 to compute in bf16",
     ),
-    ("trainer.default_hdfs_dir", None, "copy trainer.default_local_dir yourself"),
 )
 
 
@@ -119,6 +119,9 @@ def validate_sft_config(cfg: DictConfig | Any) -> None:
     every_or_never(cfg, "trainer.save_freq")
     every_or_never(cfg, "trainer.test_freq")
     choice(cfg, "trainer.device", DEVICES)
+    check_mirror_destination(
+        value_at(cfg, "trainer.default_hdfs_dir"), str(value_at(cfg, "trainer.default_local_dir"))
+    )
     mode = choice(cfg, "trainer.resume_mode", RESUME_MODES)
     new, old = value_at(cfg, "trainer.resume_from_path"), value_at(cfg, "trainer.resume_path")
     if new is not None and old is not None and new != old:

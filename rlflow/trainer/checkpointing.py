@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from rlflow.trainer.checkpoint_mirror import CheckpointMirror
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -83,7 +85,8 @@ class TrainerCheckpointer:
 
     Args:
         trainer: the ``trainer`` config (``default_local_dir``, ``resume_mode``, ``resume_from_path``,
-            ``max_actor_ckpt_to_keep``, ``max_critic_ckpt_to_keep``).
+            ``max_actor_ckpt_to_keep``, ``max_critic_ckpt_to_keep``, ``default_hdfs_dir``: where each
+            complete checkpoint is copied, `rlflow.trainer.checkpoint_mirror`).
         save_ref: also save and restore the reference policy (``ref.sync_ref_model``: it moves with the
             actor, so a resume needs its weights; kept as long as the actor's).
     """
@@ -98,6 +101,8 @@ class TrainerCheckpointer:
             "critic": trainer.max_critic_ckpt_to_keep,
         }
         self.save_ref = bool(save_ref)
+        mirror = trainer.default_hdfs_dir
+        self.mirror = None if mirror is None else CheckpointMirror(str(mirror))
 
     def save(self, step: int, groups: Any, state: dict[str, Any]) -> str:
         """Write step ``step``: every role's shards, then the driver state, then the pointer."""
@@ -114,6 +119,8 @@ class TrainerCheckpointer:
         write_latest_pointer(self.root, step)
         self._prune(step)
         logger.info("saved checkpoint %s", step_dir)
+        if self.mirror is not None:
+            self.mirror.copy(step_dir, step)
         return str(step_dir)
 
     def _prune(self, current: int) -> None:

@@ -45,6 +45,7 @@ from rlflow.logging.tracking import ProgressBar, Tracking
 from rlflow.models.loader import load_tokenizer
 from rlflow.parallel.checkpoint import export_hf, is_checkpoint_complete, load_checkpoint, save_checkpoint
 from rlflow.parallel.distributed import current_device, init_distributed
+from rlflow.trainer.checkpoint_mirror import CheckpointMirror
 from rlflow.trainer.checkpointing import read_latest_pointer, saved_steps, write_latest_pointer
 from rlflow.workers.role_setup import RoleLayout, build_role_module, model_path, setup_role_parallel
 
@@ -243,8 +244,8 @@ class FSDPSFTTrainer:
     # ---- checkpoints -----------------------------------------------------------------------------------
 
     def save_checkpoint(self) -> str:
-        """Write ``global_step_<n>/{model,huggingface}`` and the pointer file (collective); returns the
-        HF directory."""
+        """Write ``global_step_<n>/{model,huggingface}`` and the pointer file (collective), then copy the
+        step to ``trainer.default_hdfs_dir`` when set; returns the HF directory."""
         t = self.config.trainer
         root = Path(str(t.default_local_dir))
         step_dir = root / f"global_step_{self.global_step}"
@@ -255,6 +256,8 @@ class FSDPSFTTrainer:
             write_latest_pointer(root, self.global_step)
             self._prune(root)
             logger.info("saved %s", step_dir)
+            if t.default_hdfs_dir is not None:
+                CheckpointMirror(str(t.default_hdfs_dir)).copy(step_dir, self.global_step)
         dist.barrier()
         return str(hf_dir)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -111,10 +112,24 @@ def test_exact_resume_at_epoch_boundary(tmp_path):
     full = run_ppo(
         load_config(_overrides(tmp_path / "full", *common, "trainer.resume_mode=disable"), config_name="demo")
     )
-    part = tmp_path / "part"
-    run_ppo(load_config(_overrides(part, *common[:2], "trainer.total_training_steps=2"), config_name="demo"))
+    part, mirror = tmp_path / "part", tmp_path / "mirror"
+    run_ppo(
+        load_config(
+            _overrides(
+                part, *common[:2], "trainer.total_training_steps=2", f"trainer.default_hdfs_dir={mirror}"
+            ),
+            config_name="demo",
+        )
+    )
     assert (part / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "2"
-    resumed = run_ppo(load_config(_overrides(part, *common), config_name="demo"))
+    # trainer.default_hdfs_dir holds a byte-identical copy with its own pointer: resume from the copy.
+    local = {p.relative_to(part / "ckpt"): p.read_bytes() for p in (part / "ckpt").rglob("*") if p.is_file()}
+    copied = {p.relative_to(mirror): p.read_bytes() for p in mirror.rglob("*") if p.is_file()}
+    assert copied == local and any(p.parts[:2] == ("global_step_2", "actor") for p in copied)
+    shutil.rmtree(part / "ckpt")
+    resumed = run_ppo(
+        load_config(_overrides(part, *common, f"trainer.default_local_dir={mirror}"), config_name="demo")
+    )
     want = {h["step"]: _comparable(h) for h in full["history"]}
     got = {h["step"]: _comparable(h) for h in resumed["history"]}
     assert sorted(got) == [3, 4]
@@ -128,7 +143,7 @@ def test_exact_resume_at_epoch_boundary(tmp_path):
 
     from rlflow.model_merger import merge_checkpoint
 
-    step_dir = part / "ckpt" / "global_step_4"
+    step_dir = mirror / "global_step_4"
     actor = AutoModelForCausalLM.from_pretrained(merge_checkpoint(step_dir / "actor", tmp_path / "hf_actor"))
     critic = AutoModelForTokenClassification.from_pretrained(
         merge_checkpoint(step_dir, tmp_path / "hf_critic", role="critic")

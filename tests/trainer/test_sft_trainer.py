@@ -50,9 +50,18 @@ def test_two_ranks_give_the_losses_of_one(tmp_path: Path):
 
 @pytest.mark.timeout(600)
 def test_resume_continues_exactly_and_the_checkpoint_feeds_ppo(tmp_path: Path, ray_session):
-    result = run_sft(load_sft_config(_overrides(tmp_path, "run", "trainer.save_freq=2")))
+    mirror = tmp_path / "mirror"
+    result = run_sft(
+        load_sft_config(
+            _overrides(tmp_path, "run", "trainer.save_freq=2", f"trainer.default_hdfs_dir={mirror}")
+        )
+    )
     ckpt = tmp_path / "run" / "ckpt"
     assert result["hf_dir"] == str(ckpt / "global_step_4" / "huggingface")
+    # trainer.default_hdfs_dir: every saved step copied byte for byte, with its own pointer file.
+    local = {p.relative_to(ckpt): p.read_bytes() for p in ckpt.rglob("*") if p.is_file()}
+    assert {p.relative_to(mirror): p.read_bytes() for p in mirror.rglob("*") if p.is_file()} == local
+    assert (mirror / "latest_checkpointed_iteration.txt").read_text() == "4"
     straight = _losses(tmp_path, "run")
     # Pretend the run died after step 2: the pointer names step 2, step 4 is gone.
     import shutil
