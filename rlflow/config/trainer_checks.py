@@ -7,10 +7,11 @@ from omegaconf import DictConfig
 
 from rlflow.config.checks import at_least, choice, every_or_never, flag, positive, value_at
 from rlflow.config.global_sizes import role_world_size
+from rlflow.trainer.checkpoint_mirror import check_mirror_destination
 
 __all__ = ["DEVICES", "LOGGERS", "PROFILED_SECTIONS", "RESUME_MODES", "check_profiler", "check_trainer"]
 
-LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 RESUME_MODES = ("auto", "disable", "resume_path")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -31,12 +32,9 @@ def check_trainer(cfg: DictConfig) -> None:
     positive(cfg, "trainer.worker_start_timeout_s")
     choice(cfg, "trainer.device", DEVICES)
     choice(cfg, "trainer.resume_mode", RESUME_MODES)
-    hdfs = value_at(cfg, "trainer.default_hdfs_dir")
-    if hdfs is not None:
-        raise ValueError(
-            f"trainer.default_hdfs_dir={hdfs!r} (older verl's HDFS copy of checkpoints): rlflow writes them to "
-            "trainer.default_local_dir only; point that at the shared file system, or copy from it"
-        )
+    check_mirror_destination(
+        value_at(cfg, "trainer.default_hdfs_dir"), str(value_at(cfg, "trainer.default_local_dir"))
+    )
     at_least(cfg, "trainer.log_val_generations", 0)
     legacy = value_at(cfg, "trainer.use_legacy_worker_impl")
     if str(legacy).lower() not in ("auto", "disable", "false"):  # false: the boolean of older verl scripts
@@ -50,6 +48,7 @@ def check_trainer(cfg: DictConfig) -> None:
     for i, name in enumerate(loggers):
         if name not in LOGGERS:
             raise ValueError(f"trainer.logger[{i}]={name!r} is not one of {list(LOGGERS)}")
+    flag(cfg, "trainer.log_system_metrics")
     check_profiler(cfg)
     at_least(cfg, "ray_init.num_cpus", 1, allow_none=True)
     at_least(cfg, "ray_init.object_store_memory", 1, allow_none=True)

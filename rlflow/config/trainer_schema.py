@@ -15,7 +15,9 @@ class TrainerConfig:
     Attributes:
         n_gpus_per_node: ranks per node (processes on CPU).
         device: auto | cpu | cuda.
-        logger: any of console, jsonl, tensorboard, wandb.
+        logger: any of console, jsonl, tensorboard, wandb, mlflow.
+        log_system_metrics: log the driver node's CPU, memory, disk and GPU use with every step
+            (``system/*``, MLflow's names; `rlflow.logging.system_metrics`), to every logger.
         log_dir: None = ``outputs/<project_name>/<experiment_name>``.
         total_training_steps: None = ``total_epochs`` times the steps per epoch.
         save_freq / test_freq: every N steps; -1 = never.
@@ -37,13 +39,14 @@ class TrainerConfig:
             ``enable`` is refused.
         profile_steps: the training steps profiled by the ranks each role's ``profile_ranks`` selects;
             traces under ``<log_dir>/profile/step_<N>/`` (`rlflow.single_controller.profiling`).
-        default_hdfs_dir: older verl's HDFS copy of the checkpoints; null only (rlflow writes
-            ``default_local_dir``).
+        default_hdfs_dir: verl's key: a directory (or ``hdfs://...``) every complete checkpoint is
+            copied to, with its own pointer file (`rlflow.trainer.checkpoint_mirror`); null = no copy.
     """
 
     project_name: str = "rlflow"
     experiment_name: str = "ppo"
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    log_system_metrics: bool = False
     log_dir: str | None = None
     nnodes: int = 1
     n_gpus_per_node: int = 8

@@ -37,10 +37,6 @@ VERL_UNSUPPORTED: dict[str, str] = {
         "verl's SandboxFusion code-execution service (with reward_manager=prime): rlflow has no sandbox client; "
         "score code with a custom_reward_function (custom_reward_function.path / name) that calls your sandbox"
     ),
-    "trainer.log_system_metrics": (
-        "MLflow's system metrics: rlflow has no mlflow logger (trainer.logger: console, jsonl, tensorboard, "
-        "wandb); drop the key (wandb records system metrics itself)"
-    ),
     "trainer.bench_steps": (
         "rlflow has no such key: every step logs its phase times (timing_s/*), and trainer.profile_steps "
         "records traces of chosen steps; drop it"

@@ -10,7 +10,12 @@
   at :meth:`Tracking.finish` the curves are drawn to ``<log_dir>/training_curves.png``;
 * ``tensorboard``: scalars into ``<log_dir>/tensorboard`` (``torch.utils.tensorboard.SummaryWriter``);
 * ``wandb``: a Weights & Biases run; offline (files under ``<log_dir>/wandb``, no network) unless
-  ``WANDB_MODE`` is set or an API key is available (``WANDB_API_KEY`` or a ``~/.netrc`` login).
+  ``WANDB_MODE`` is set or an API key is available (``WANDB_API_KEY`` or a ``~/.netrc`` login);
+* ``mlflow``: an MLflow run (``MLFLOW_TRACKING_URI``, else ``<log_dir>/mlflow.db``;
+  `rlflow.logging.mlflow_backend`).
+
+With ``system_metrics=True`` (``trainer.log_system_metrics``) each step also carries the driver node's
+CPU, memory, disk and GPU use (`rlflow.logging.system_metrics`).
 
 Typical use in a training loop::
 
@@ -49,7 +54,7 @@ __all__ = [
     "wandb_mode",
 ]
 
-SUPPORTED_BACKENDS = ("console", "jsonl", "tensorboard", "wandb")
+SUPPORTED_BACKENDS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 
 # Metric -> short label shown on the console line (in this order), when present.
 CONSOLE_KEYS: dict[str, str] = {
@@ -366,16 +371,17 @@ class Tracking:
     Args:
         project_name: ``trainer.project_name``.
         experiment_name: ``trainer.experiment_name``.
-        default_backend: ``trainer.logger``: a list of ``console``, ``jsonl``, ``tensorboard``, ``wandb``
-            (a single string is accepted).
-        config: the run's config, recorded by wandb.
+        default_backend: ``trainer.logger``: a list of ``console``, ``jsonl``, ``tensorboard``, ``wandb``,
+            ``mlflow`` (a single string is accepted).
+        config: the run's config, recorded by wandb and mlflow.
         log_dir: folder of ``metrics.jsonl``, ``tensorboard/``, ``wandb/`` and the PNG; default
             ``outputs/<project_name>/<experiment_name>``.
         stream: where the console backend writes (default stdout).
+        system_metrics: add the driver node's ``system/*`` use to every step (``trainer.log_system_metrics``).
 
     Raises:
         ValueError: an unknown backend name (the message names ``trainer.logger``).
-        ImportError: tensorboard or wandb requested but not installed (with the install command).
+        ImportError: tensorboard, wandb or mlflow requested but not installed (with the install command).
     """
 
     def __init__(
@@ -386,6 +392,7 @@ class Tracking:
         config: Any = None,
         log_dir: str | None = None,
         stream: TextIO | None = None,
+        system_metrics: bool = False,
     ) -> None:
         backends = [default_backend] if isinstance(default_backend, str) else list(default_backend)
         unknown = [b for b in backends if b not in SUPPORTED_BACKENDS]
@@ -398,6 +405,11 @@ class Tracking:
         self.plot_path: str | None = None
         self._finished = False
         self.backends: dict[str, Any] = {}
+        self.system_metrics = None
+        if system_metrics:
+            from rlflow.logging.system_metrics import SystemMetrics
+
+            self.system_metrics = SystemMetrics(self.log_dir)
         try:
             for name in dict.fromkeys(backends):  # de-duplicated, in order
                 self.backends[name] = self._make_backend(name, project_name, experiment_name, config, stream)
@@ -415,6 +427,10 @@ class Tracking:
             return _Jsonl(self.log_dir)
         if name == "tensorboard":
             return _TensorBoard(self.log_dir)
+        if name == "mlflow":
+            from rlflow.logging.mlflow_backend import MLflowBackend
+
+            return MLflowBackend(project_name, experiment_name, _plain_config(config), self.log_dir)
         return _Wandb(project_name, experiment_name, _plain_config(config), self.log_dir)
 
     @property
@@ -432,6 +448,8 @@ class Tracking:
         if "step" in data:
             raise ValueError("tracking: 'step' is reserved for the step number; rename the metric")
         row = {key: _to_float(key, value) for key, value in data.items()}
+        if self.system_metrics is not None:
+            row.update(self.system_metrics.sample())
         self.history.append({"step": int(step), **row})
         for backend in self.backends.values():
             backend.log(row, int(step))
@@ -439,7 +457,8 @@ class Tracking:
     def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
         """Record validation samples (``trainer.log_val_generations``): the console prints them,
         jsonl appends them to ``<log_dir>/val_generations.jsonl`` (``python scripts/view_rollouts.py``
-        renders it), tensorboard adds a text table and wandb a ``val/generations`` table.
+        renders it), tensorboard adds a text table, wandb a ``val/generations`` table and mlflow the
+        artifact ``val_generations/step_<N>.json``.
 
         Args:
             samples: dicts with ``prompt``, ``response``, ``score`` and optionally other fields (the same

@@ -165,6 +165,7 @@ def build_tracker(config: PPOTrainerConfig) -> Any:
         list(t.logger),
         config=dataclasses.asdict(config),
         log_dir=log_dir,
+        system_metrics=bool(t.log_system_metrics),
     )
 
 

@@ -305,7 +305,7 @@ BAD_CONFIGS = [
     (["data.truncation=cut"], {}, "data.truncation='cut' is not one of"),
     (["data.task=chess"], {}, "data.task='chess'"),
     (["trainer.resume_mode=latest"], {}, "trainer.resume_mode='latest'"),
-    (["trainer.logger=[console,mlflow]"], {}, "trainer.logger[1]='mlflow'"),
+    (["trainer.logger=[console,clearml]"], {}, "trainer.logger[1]='clearml'"),
     (
         ["actor_rollout_ref.model.attn_implementation=flash"],
         {},

@@ -35,7 +35,6 @@ REFUSED = {
     "actor_rollout_ref.hybrid_engine": False,
     "actor_rollout_ref.actor.fsdp_config.grad_offload": True,
     "critic.fsdp_config.grad_offload": True,
-    "trainer.default_hdfs_dir": "/hdfs/ckpt",
     "algorithm.rollout_correction.use_policy_gradient": True,
 }
 """Keys kept for verl compatibility whose other values rlflow refuses, with such a value."""
@@ -131,6 +130,7 @@ def test_every_key_is_read_or_refused(tmp_path, monkeypatch):
         "trainer.save_freq=2",
         "trainer.max_actor_ckpt_to_keep=1",
         "trainer.max_critic_ckpt_to_keep=1",
+        f"trainer.default_hdfs_dir={tmp_path / 'copies'}",
         f"trainer.validation_data_dir={tmp_path / 'gens'}",
         "data.val_batch_size=64",
         "algorithm.use_kl_in_reward=true",
@@ -154,8 +154,12 @@ def test_every_key_is_read_or_refused(tmp_path, monkeypatch):
         "critic.profile_ranks=[0]",
     ]
     reads = _run_and_collect(ppo)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())  # MLflow's file store
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     grpo = [
-        *_common(tmp_path, "grpo"),
+        *[o for o in _common(tmp_path, "grpo") if not o.startswith("trainer.logger=")],
+        "trainer.logger=[jsonl,mlflow]",
+        "trainer.log_system_metrics=true",
         "algorithm.adv_estimator=grpo",
         "actor_rollout_ref.rollout.n=2",
         "algorithm.filter_groups.enable=true",
@@ -174,6 +178,16 @@ def test_every_key_is_read_or_refused(tmp_path, monkeypatch):
         "algorithm.rollout_correction.rollout_token_veto_threshold=1e-4",
     ]
     reads |= _run_and_collect(grpo)
+    import mlflow
+
+    SYS = "system/cpu_utilization_percentage"
+    client = mlflow.MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("rlflow").experiment_id])
+    assert run.data.params["algorithm/adv_estimator"] == "grpo"
+    steps = {
+        k: [m.step for m in client.get_metric_history(run.info.run_id, k)] for k in ("actor/pg_loss", SYS)
+    }
+    assert steps == {"actor/pg_loss": [1, 2], SYS: [0, 1, 2]}  # step 0: the validation before training
 
     from rlflow.rollout.vllm import vllm_engine_kwargs
 

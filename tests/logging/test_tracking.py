@@ -110,8 +110,8 @@ def test_tensorboard_writes_events(tmp_path):
 
 
 def test_unknown_backend_names_the_config_key(tmp_path):
-    with pytest.raises(ValueError, match=r"trainer\.logger.*mlflow"):
-        Tracking("p", "e", ["console", "mlflow"], log_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"trainer\.logger.*clearml"):
+        Tracking("p", "e", ["console", "clearml"], log_dir=str(tmp_path))
 
 
 def test_missing_optional_backends_say_how_to_install(tmp_path, monkeypatch):
@@ -121,6 +121,9 @@ def test_missing_optional_backends_say_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(ImportError, match=r"trainer\.logger.*pip install wandb"):
         Tracking("p", "e", ["wandb"], log_dir=str(tmp_path))
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    with pytest.raises(ImportError, match=r"trainer\.logger.*pip install mlflow"):
+        Tracking("p", "e", ["mlflow"], log_dir=str(tmp_path))
 
 
 class _FakeRun:
