@@ -145,11 +145,14 @@ def _guide_keys(text: str) -> list[tuple[str, str | None]]:
 def _known(key: str) -> bool:
     """A schema key or section, a key under a free-form section, or a verl alias of one."""
     from rlflow.config.aliases import FLAG_ALIASES, canonical_key
+    from rlflow.config.profiler_layout import is_profiler_layout_key
     from rlflow.config.schema import PPOTrainerConfig
     from rlflow.config.suggest import schema_keys
 
     keys, open_sections = schema_keys(PPOTrainerConfig)
     key = canonical_key(key)
+    if is_profiler_layout_key(key):  # verl's later profiler layout, read onto rlflow's profiler keys
+        return True
     return key in keys or key in FLAG_ALIASES or any(key.startswith(s + ".") for s in open_sections)
 
 

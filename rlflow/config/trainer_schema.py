@@ -38,7 +38,9 @@ class TrainerConfig:
             (`rlflow.workers`), so ``auto`` and ``disable`` (or ``false``, older verl's boolean) run it and
             ``enable`` is refused.
         profile_steps: the training steps profiled by the ranks each role's ``profile_ranks`` selects;
-            traces under ``<log_dir>/profile/step_<N>/`` (`rlflow.single_controller.profiling`).
+            traces under ``<profile_dir>/step_<N>/`` (`rlflow.single_controller.profiling`).
+        profile_dir: where the traces go; null = ``<log_dir>/profile`` (verl's
+            ``global_profiler.save_path``, `rlflow.config.profiler_layout`).
         default_hdfs_dir: verl's key: a directory (or ``hdfs://...``) every complete checkpoint is
             copied to, with its own pointer file (`rlflow.trainer.checkpoint_mirror`); null = no copy.
     """
@@ -74,6 +76,7 @@ class TrainerConfig:
     log_val_generations: int = 0
     use_legacy_worker_impl: str = "auto"
     profile_steps: list[int] | None = None
+    profile_dir: str | None = None
 
 
 @dataclass

@@ -19,10 +19,6 @@ _QUANTIZED = (
     "computes in actor_rollout_ref.rollout.dtype (null = the actor's precision)"
 )
 _LORA = "LoRA adapters are not supported (rlflow trains every weight): drop the LoRA keys, or train a smaller model"
-_PROFILER = (
-    "verl's later profiler layout: rlflow reads the earlier one, trainer.profile_steps and each role's "
-    "profile_ranks / profile_ranks_all / profile_discrete (torch.profiler traces, docs/migrating_from_verl.md)"
-)
 
 VERL_UNSUPPORTED: dict[str, str] = {
     "actor_rollout_ref.model.use_liger": (
@@ -48,11 +44,6 @@ VERL_UNSUPPORTED: dict[str, str] = {
         "vLLM's weight-loading format (safetensors / dummy / layered summon for LoRA): rlflow's vLLM engine "
         "starts from the model path and then receives the actor's weights each step; drop the key"
     ),
-    "global_profiler": _PROFILER,
-    "actor_rollout_ref.actor.profiler": _PROFILER,
-    "actor_rollout_ref.rollout.profiler": _PROFILER,
-    "actor_rollout_ref.ref.profiler": _PROFILER,
-    "critic.profiler": _PROFILER,
 }
 """verl key (or section) -> why rlflow lacks it and what to do."""
 

@@ -114,7 +114,8 @@ def build_worker_groups(config: PPOTrainerConfig, total_training_steps: int) -> 
 @contextlib.contextmanager
 def profiled_step(groups: WorkerGroups, trainer: Any, step: int) -> Iterator[None]:
     """``trainer.profile_steps``: on those steps the ranks each role's ``profile_ranks`` selects trace the
-    step (`rlflow.single_controller.profiling`) under ``<log_dir>/profile``; the files are logged.
+    step (`rlflow.single_controller.profiling`) under ``trainer.profile_dir`` (null: ``<log_dir>/profile``);
+    the files are logged.
 
     Args:
         groups: the run's worker groups.
@@ -125,7 +126,7 @@ def profiled_step(groups: WorkerGroups, trainer: Any, step: int) -> Iterator[Non
     if not steps or step not in [int(s) for s in steps]:
         yield
         return
-    out_dir = os.path.join(
+    out_dir = trainer.profile_dir or os.path.join(
         run_log_dir(trainer.log_dir, trainer.project_name, trainer.experiment_name), "profile"
     )
     for group in groups.all():

@@ -45,7 +45,6 @@ def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, me
             "reward_model.sandbox_fusion_url=https://x",
             "reward_model.sandbox_fusion_url: verl's SandboxFusion",
         ),
-        ("global_profiler.steps=[1]", "global_profiler.steps: verl's later profiler layout"),
         ("actor_rollout_ref.model.lora_rank=32", "LoRA adapters are not supported"),
     ],
 )

@@ -1,5 +1,5 @@
 """``algorithm.rollout_correction`` in whole PPO runs (critic, GAE, 2 mini-batches per step), and the step
-profiler (``trainer.profile_steps``) in the same decoupled run.
+profiler (rlflow's keys and verl's later ``global_profiler`` layout together) in the same decoupled run.
 
 The hf rollout and the trainer compute the same log-probs up to float noise, so in the decoupled mode the
 importance weights are 1 and nothing is rejected (within noise); in bypass mode the ``compute_log_prob``
@@ -28,27 +28,35 @@ COMMON = [
     f"{RC}.rollout_rs=token",
     f"{RC}.rollout_token_veto_threshold=1e-4",
 ]
-PROFILE = [
-    "trainer.profile_steps=[2]",
+PROFILE = [  # the actor's and rollout's in rlflow's keys, the steps and the critic's in verl's later layout
+    "global_profiler.tool=torch",
+    "global_profiler.steps=[2]",
     "actor_rollout_ref.actor.profile_ranks=[0]",
     "actor_rollout_ref.actor.profile_discrete=true",
     "actor_rollout_ref.rollout.profile_ranks=[1]",
     "actor_rollout_ref.rollout.profile_discrete=true",
-    "critic.profile_ranks_all=true",  # continuous: one trace per rank for the whole step
+    "critic.profiler.enable=true",
+    "critic.profiler.all_ranks=true",  # continuous: one trace per rank for the whole step
 ]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("rollout_correction")
-    decoupled = run_ppo(load_config(_overrides(tmp / "d", *COMMON, *PROFILE), config_name="demo"))["history"]
+    traces = tmp / "traces"  # global_profiler.save_path, i.e. trainer.profile_dir
+    decoupled = run_ppo(
+        load_config(
+            _overrides(tmp / "d", *COMMON, *PROFILE, f"global_profiler.save_path={traces}"),
+            config_name="demo",
+        )
+    )["history"]
     bypass = run_ppo(
         load_config(
             _overrides(tmp / "b", *COMMON, "trainer.total_training_steps=1", f"{RC}.bypass_mode=true"),
             config_name="demo",
         )
     )["history"]
-    return {"decoupled": decoupled[0], "bypass": bypass[0], "profile": tmp / "d" / "logs" / "profile"}
+    return {"decoupled": decoupled[0], "bypass": bypass[0], "profile": traces}
 
 
 def test_decoupled_mode_weights_are_one_and_nothing_is_rejected(runs):

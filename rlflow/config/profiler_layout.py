@@ -1,0 +1,223 @@
+"""verl's later profiler layout (``global_profiler.*``, ``<role>.profiler.*``) on rlflow's profiler keys.
+
+rlflow records ``torch.profiler`` traces of chosen training steps (`rlflow.single_controller.profiling`)
+with ``trainer.profile_steps``, ``trainer.profile_dir`` and each role's ``profile_ranks`` /
+``profile_ranks_all`` / ``profile_discrete`` (verl's earlier spelling). Before the config is composed,
+the command line's overrides in verl's later layout are rewritten onto those keys:
+
+==================================================  =====================================================
+verl                                                rlflow
+==================================================  =====================================================
+``global_profiler.tool=torch`` (or ``<role>.         the profiler rlflow has; ``null`` (verl: no profiling)
+profiler.tool``)                                    with steps set, and ``nsys`` / ``npu`` /
+                                                    ``torch_memory``, are refused
+``global_profiler.steps=[...]``                     ``trainer.profile_steps=[...]``
+``global_profiler.save_path=D``                     ``trainer.profile_dir=D``
+``global_profiler.profile_continuous_steps``        ``false`` only (one trace per profiled step)
+``<role>.profiler.enable=true`` with ``ranks=[...]``  ``<role>.profile_ranks=[...]``
+``<role>.profiler.enable=true`` with ``all_ranks``    ``<role>.profile_ranks_all=true``
+``actor_rollout_ref.actor.profiler.*``              also the rollout's (verl's rollout profiler follows
+                                                    the actor's, key by key, unless set itself)
+``<role>.profiler.save_path``                       as ``global_profiler.save_path`` (one folder)
+``*.tool_config.{nsys,npu,torch_memory}.*``,        settings of the tools rlflow does not have (or the
+``global_profiler.global_tool_config.*``            trace's own defaults): accepted, they change nothing
+``<role>.profiler.tool_config.torch.step_start=0``  the whole step (other values refused)
+/ ``step_end=null``
+==================================================  =====================================================
+
+``<role>`` is ``actor_rollout_ref.actor`` / ``.rollout`` / ``.ref`` or ``critic``; the reward model is
+not profiled (``reward_model.profiler.enable=true`` is refused). ``enable=false`` profiles nothing, as in
+verl, whatever ``ranks`` say.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PROFILER_ROLES", "is_profiler_layout_key", "rewrite_profiler_overrides"]
+
+PROFILER_ROLES = (
+    "actor_rollout_ref.actor",
+    "actor_rollout_ref.rollout",
+    "actor_rollout_ref.ref",
+    "critic",
+    "reward_model",
+)
+_GLOBAL = "global_profiler"
+_PREFIXES = ("++", "+")
+_NULL = ("null", "none", "~", "")
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+_TOOLS_REFUSED = {
+    "nsys": "Nsight Systems",
+    "npu": "the Ascend NPU profiler",
+    "torch_memory": "torch's CUDA memory snapshots",
+}
+_GLOBAL_KEYS = ("tool", "steps", "save_path", "profile_continuous_steps")
+_ROLE_KEYS = (
+    "tool",
+    "enable",
+    "ranks",
+    "all_ranks",
+    "save_path",
+    "tool_config.torch.step_start",
+    "tool_config.torch.step_end",
+)
+_GLOBAL_INERT = ("global_tool_config.",)
+_ROLE_INERT = ("tool_config.nsys.", "tool_config.npu.", "tool_config.torch_memory.")
+"""Sub-keys that configure tools rlflow does not have: accepted, and they change nothing."""
+
+
+def _section(key: str) -> tuple[str, str] | None:
+    """``(owner, sub-key)`` of a verl profiler key (owner: ``global_profiler`` or a role), else None."""
+    if key.startswith(_GLOBAL + "."):
+        return _GLOBAL, key[len(_GLOBAL) + 1 :]
+    for role in PROFILER_ROLES:
+        if key.startswith(role + ".profiler."):
+            return role, key[len(role) + len(".profiler.") :]
+    return None
+
+
+def is_profiler_layout_key(key: str) -> bool:
+    """Whether ``key`` is in verl's later profiler layout (read by :func:`rewrite_profiler_overrides`)."""
+    return _section(key) is not None
+
+
+def _text(value: str) -> str:
+    return value.strip().strip("'\"")
+
+
+def _bool(key: str, value: str) -> bool:
+    text = _text(value).lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(f"{key}={value}: expected true or false")
+
+
+def rewrite_profiler_overrides(overrides: Iterable[str]) -> list[str]:
+    """Replace verl's later profiler overrides by rlflow's (see the module docstring).
+
+    Args:
+        overrides: the command line's Hydra overrides (other ones pass through unchanged, in order).
+
+    Returns:
+        The overrides with the profiler ones rewritten, appended after the others.
+
+    Raises:
+        ValueError: a tool, value or combination rlflow does not have, naming the key and what to do.
+    """
+    out: list[str] = []
+    found: dict[str, dict[str, tuple[str, str]]] = {}
+    for item in overrides:
+        prefix = next((p for p in _PREFIXES if item.startswith(p)), "")
+        key, sep, value = item[len(prefix) :].partition("=")
+        where = _section(key) if sep and not item.startswith(("-", "~")) else None
+        if where is None:
+            out.append(item)
+            continue
+        owner, sub = where
+        found.setdefault(owner, {})[sub] = (key, value)
+    if not found:
+        return out
+    new = _translate(found)
+    logger.info(
+        "verl's profiler layout %s read as %s", sorted(k for o in found.values() for k, _ in o.values()), new
+    )
+    return out + new
+
+
+def _translate(found: dict[str, dict[str, tuple[str, str]]]) -> list[str]:
+    tools = {owner: _check_tool(entries) for owner, entries in found.items()}
+    torch_on = "torch" in tools.values()
+    new: list[str] = []
+    save_paths = set()
+    for owner, entries in found.items():
+        for sub, (key, value) in entries.items():
+            known, inert = (_GLOBAL_KEYS, _GLOBAL_INERT) if owner == _GLOBAL else (_ROLE_KEYS, _ROLE_INERT)
+            if sub.startswith(inert):
+                continue
+            if sub not in known:
+                raise ValueError(
+                    f"{key}: not a key of verl's profiler layout that rlflow reads (global_profiler: "
+                    f"{', '.join(_GLOBAL_KEYS)}, global_tool_config.*; <role>.profiler: {', '.join(_ROLE_KEYS)}, "
+                    "tool_config.{nsys,npu,torch_memory}.*)"
+                )
+            if sub in ("tool", "enable", "ranks", "all_ranks"):
+                continue
+            if sub == "steps":
+                if _text(value).lower() in _NULL:
+                    continue
+                if not torch_on:
+                    raise ValueError(
+                        f"{key}={value} with no profiler tool set profiles nothing (verl's tool=null): set "
+                        "global_profiler.tool=torch for rlflow's torch.profiler traces, or drop the steps"
+                    )
+                new.append(f"trainer.profile_steps={value}")
+            elif sub == "save_path":
+                if _text(value).lower() not in _NULL:
+                    save_paths.add(_text(value))
+            elif sub == "profile_continuous_steps":
+                if _bool(key, value):
+                    raise ValueError(
+                        f"{key}={value}: rlflow writes one trace per profiled step "
+                        "(<profile_dir>/step_<N>/); set it false"
+                    )
+            elif sub == "tool_config.torch.step_start":
+                if _text(value) != "0":
+                    raise ValueError(f"{key}={value}: rlflow traces the whole step; keep 0")
+            elif sub == "tool_config.torch.step_end" and _text(value).lower() not in _NULL:
+                raise ValueError(f"{key}={value}: rlflow traces the whole step; keep null")
+    if len(save_paths) > 1:
+        raise ValueError(
+            f"the profiler's save_path keys disagree ({sorted(save_paths)}): rlflow has one folder"
+        )
+    if save_paths:
+        new.append(f"trainer.profile_dir={save_paths.pop()}")
+    roles = {owner: entries for owner, entries in found.items() if owner != _GLOBAL}
+    actor = roles.get("actor_rollout_ref.actor")
+    if actor is not None:  # verl's rollout profiler follows the actor's, key by key, unless set itself
+        roles["actor_rollout_ref.rollout"] = {**actor, **roles.get("actor_rollout_ref.rollout", {})}
+    for role, entries in roles.items():
+        new.extend(_role_overrides(role, entries))
+    return new
+
+
+def _check_tool(entries: dict[str, tuple[str, str]]) -> str | None:
+    if "tool" not in entries:
+        return None
+    key, value = entries["tool"]
+    tool = _text(value).lower()
+    if tool in _NULL:
+        return None
+    if tool in _TOOLS_REFUSED:
+        raise ValueError(
+            f"{key}={value}: rlflow has no {_TOOLS_REFUSED[tool]} integration; it records torch.profiler "
+            "traces (set the tool to torch; open them in Perfetto or chrome://tracing)"
+        )
+    if tool != "torch":
+        raise ValueError(f"{key}={value} is not one of verl's tools (nsys, npu, torch, torch_memory)")
+    return tool
+
+
+def _role_overrides(role: str, entries: dict[str, tuple[str, str]]) -> list[str]:
+    enable_key, enable_value = entries.get("enable", (f"{role}.profiler.enable", "false"))
+    if not _bool(enable_key, enable_value):
+        return []
+    if role == "reward_model":
+        raise ValueError(
+            f"{enable_key}={enable_value}: rlflow does not profile the reward-model group; profile the "
+            "actor, rollout, ref or critic"
+        )
+    if "all_ranks" in entries and _bool(*entries["all_ranks"]):
+        return [f"{role}.profile_ranks_all=true"]
+    ranks = entries.get("ranks")
+    if ranks is None or _text(ranks[1]).replace(" ", "") in ("[]", *_NULL):
+        raise ValueError(
+            f"{enable_key}=true profiles no rank: set {role}.profiler.ranks=[0,...] or "
+            f"{role}.profiler.all_ranks=true"
+        )
+    return [f"{role}.profile_ranks={ranks[1]}"]

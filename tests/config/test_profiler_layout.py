@@ -1,0 +1,112 @@
+"""verl's later profiler layout (``global_profiler.*``, ``<role>.profiler.*``) read onto rlflow's keys.
+
+The keys and defaults are those of verl's generated ``ppo_trainer.yaml`` (``global_profiler.tool``,
+``steps``, ``save_path``, ``profile_continuous_steps``; ``<role>.profiler.{enable,all_ranks,ranks,tool,
+save_path,tool_config.*}``). The profiled run itself is ``tests/trainer/test_rollout_correction_runs.py``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from rlflow.config import load_config
+from rlflow.config.validate import validate_config
+
+A, R, REF, C = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref", "critic"
+
+
+def _profile_keys(overrides: list[str]) -> dict:
+    cfg = load_config(overrides, config_name="demo")
+    validate_config(cfg)
+    out = {"steps": cfg.trainer.profile_steps, "dir": cfg.trainer.profile_dir}
+    for name, section in (("actor", A), ("rollout", R), ("ref", REF), ("critic", C)):
+        node = cfg
+        for part in section.split("."):
+            node = node[part]
+        out[name] = (node.profile_ranks, node.profile_ranks_all)
+    return out
+
+
+def test_a_verl_profiling_command_line_sets_rlflows_keys(tmp_path):
+    got = _profile_keys(
+        [
+            "global_profiler.tool=torch",
+            "global_profiler.steps=[1,3]",
+            f"global_profiler.save_path={tmp_path / 'prof'}",
+            "global_profiler.profile_continuous_steps=false",
+            "global_profiler.global_tool_config.nsys.discrete=true",  # another tool's setting: inert
+            f"{A}.profiler.enable=true",
+            f"{A}.profiler.ranks=[1]",
+            f"{A}.profiler.tool_config.torch.step_start=0",
+            f"{C}.profiler.enable=true",
+            f"{C}.profiler.all_ranks=true",
+            f"{REF}.profiler.enable=false",
+            f"{REF}.profiler.ranks=[0]",  # not enabled: nothing, as in verl
+            "reward_model.profiler.enable=false",
+        ]
+    )
+    assert got == {
+        "steps": [1, 3],
+        "dir": str(tmp_path / "prof"),
+        "actor": ([1], False),
+        "rollout": ([1], False),  # verl's rollout profiler follows the actor's
+        "ref": (None, False),
+        "critic": (None, True),
+    }
+
+
+def test_the_rollouts_own_keys_override_the_actors_one_by_one():
+    got = _profile_keys(
+        ["+global_profiler.tool=torch", "global_profiler.steps=[2]", f"{A}.profiler.enable=true",
+         f"{A}.profiler.ranks=[0]", f"{R}.profiler.ranks=[1]"]
+    )  # fmt: skip
+    assert got["actor"] == ([0], False) and got["rollout"] == ([1], False)
+    assert got["dir"] is None  # <log_dir>/profile
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["global_profiler.tool=nsys"],
+            "global_profiler.tool=nsys: rlflow has no Nsight Systems integration",
+        ),
+        ([f"{C}.profiler.tool=npu"], f"{C}.profiler.tool=npu: rlflow has no the Ascend NPU"),
+        (["global_profiler.tool=perf"], "global_profiler.tool=perf is not one of verl's tools"),
+        (
+            ["global_profiler.steps=[1]"],
+            "global_profiler.steps=[1] with no profiler tool set profiles nothing",
+        ),
+        (
+            ["global_profiler.tool=torch", "global_profiler.profile_continuous_steps=true"],
+            "global_profiler.profile_continuous_steps=true: rlflow writes one trace per profiled step",
+        ),
+        (
+            ["global_profiler.tool=torch", f"{A}.profiler.tool_config.torch.step_end=3"],
+            f"{A}.profiler.tool_config.torch.step_end=3: rlflow traces the whole step",
+        ),
+        (
+            ["global_profiler.tool=torch", f"{A}.profiler.enable=true"],
+            f"{A}.profiler.enable=true profiles no rank",
+        ),
+        (
+            [
+                "global_profiler.tool=torch",
+                "reward_model.profiler.enable=true",
+                "reward_model.profiler.ranks=[0]",
+            ],
+            "rlflow does not profile the reward-model group",
+        ),
+        (
+            ["global_profiler.save_path=/a", f"{C}.profiler.save_path=/b"],
+            "the profiler's save_path keys disagree",
+        ),
+        ([f"{C}.profiler.frequency=2"], f"{C}.profiler.frequency: not a key of verl's profiler layout"),
+        ([f"{C}.profiler.steps=[1]"], f"{C}.profiler.steps: not a key of verl's profiler layout"),
+    ],
+)
+def test_what_rlflows_profiler_cannot_do_is_refused_with_the_key(overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _profile_keys(overrides)
