@@ -35,6 +35,8 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rlflow.config.profiler_layout import rewrite_profiler_overrides
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -107,7 +109,8 @@ def rewrite_overrides(overrides: Iterable[str]) -> list[str]:
         overrides: the overrides as typed on the command line.
 
     Returns:
-        The same overrides with rlflow's keys.
+        The same overrides with rlflow's keys; verl's later profiler layout is read onto rlflow's
+        profiler keys last (`rlflow.config.profiler_layout`).
     """
     out = []
     for item in overrides:
@@ -125,7 +128,7 @@ def rewrite_overrides(overrides: Iterable[str]) -> list[str]:
         if new != key:
             _note(key, new)
         out.append(prefix + new + rest)
-    return out
+    return rewrite_profiler_overrides(out)
 
 
 def _flag(key: str, value: str, done: list[str], overrides: Iterable[str]) -> list[str]:

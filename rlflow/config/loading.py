@@ -25,7 +25,6 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from rlflow.config.aliases import rewrite_critic_file_keys, rewrite_overrides
-from rlflow.config.profiler_layout import rewrite_profiler_overrides
 from rlflow.config.reads import track_reads, tracking_enabled
 from rlflow.config.schema import PPOTrainerConfig, register_configs
 from rlflow.config.sft_schema import SFTConfig, register_sft_configs
@@ -124,8 +123,7 @@ def load_config(overrides: Sequence[str] | None = None, config_name: str = CONFI
         ValueError: a problem with the critic config file.
     """
     register_configs()
-    overrides = rewrite_profiler_overrides(rewrite_overrides(overrides or []))
-    overrides = drop_append_on_known_keys(overrides, PPOTrainerConfig)
+    overrides = drop_append_on_known_keys(rewrite_overrides(overrides or []), PPOTrainerConfig)
     check_override_keys(overrides, PPOTrainerConfig)
     with _own_global_hydra(), initialize_config_dir(config_dir=str(config_dir()), version_base=None):
         cfg = compose(config_name=config_name, overrides=overrides)

@@ -7,6 +7,7 @@ save_path,tool_config.*}``). The profiled run itself is ``tests/trainer/test_rol
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -110,3 +111,23 @@ def test_the_rollouts_own_keys_override_the_actors_one_by_one():
 def test_what_rlflows_profiler_cannot_do_is_refused_with_the_key(overrides, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         _profile_keys(overrides)
+
+
+def test_the_command_line_reads_verls_layout_too():
+    import subprocess
+    import sys
+
+    import yaml
+
+    args = ["global_profiler.tool=torch", "global_profiler.steps=[2]", f"{C}.profiler.enable=true",
+            f"{C}.profiler.ranks=[1]"]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlflow.trainer.main_ppo", "--config-name", "demo", "--cfg", "job", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    cfg = yaml.safe_load(proc.stdout)
+    assert cfg["trainer"]["profile_steps"] == [2] and cfg["critic"]["profile_ranks"] == [1]
