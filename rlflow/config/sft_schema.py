@@ -177,7 +177,7 @@ class SFTTrainerSection:
         default_local_dir: checkpoints: ``global_step_<n>/`` (sharded state for resuming) with a full HF
             model in ``global_step_<n>/huggingface`` (what ``actor_rollout_ref.model.path`` takes).
         default_hdfs_dir: verl's key: a directory (or ``hdfs://...``) every complete checkpoint is
-            copied to, with its own pointer file (`rlflow.trainer.checkpoint_mirror`); null = no copy.
+            copied to, with its own pointer file (`rlflow.utils.checkpoint_files`); null = no copy.
         resume_mode: auto (the latest checkpoint in ``default_local_dir``) | disable | resume_path.
         resume_path: verl's older spelling of ``resume_from_path``.
         n_gpus_per_node: ranks per node (processes on CPU); under ``torchrun`` the launcher's world size

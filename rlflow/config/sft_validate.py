@@ -15,7 +15,7 @@ from rlflow.config.checks import at_least, choice, every_or_never, flag, in_rang
 from rlflow.config.trainer_checks import DEVICES, RESUME_MODES
 from rlflow.data.sft_dataset import SFT_TRUNCATION_MODES
 from rlflow.data.tasks import TASKS
-from rlflow.trainer.checkpoint_mirror import check_mirror_destination
+from rlflow.utils.checkpoint_files import check_mirror_destination
 from rlflow.utils.dtypes import DTYPES
 
 __all__ = ["sft_world_size", "validate_sft_config"]

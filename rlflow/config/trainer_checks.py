@@ -7,7 +7,7 @@ from omegaconf import DictConfig
 
 from rlflow.config.checks import at_least, choice, every_or_never, flag, positive, value_at
 from rlflow.config.global_sizes import role_world_size
-from rlflow.trainer.checkpoint_mirror import check_mirror_destination
+from rlflow.utils.checkpoint_files import check_mirror_destination
 
 __all__ = ["DEVICES", "LOGGERS", "PROFILED_SECTIONS", "RESUME_MODES", "check_profiler", "check_trainer"]
 

@@ -42,7 +42,7 @@ class TrainerConfig:
         profile_dir: where the traces go; null = ``<log_dir>/profile`` (verl's
             ``global_profiler.save_path``, `rlflow.config.profiler_layout`).
         default_hdfs_dir: verl's key: a directory (or ``hdfs://...``) every complete checkpoint is
-            copied to, with its own pointer file (`rlflow.trainer.checkpoint_mirror`); null = no copy.
+            copied to, with its own pointer file (`rlflow.utils.checkpoint_files`); null = no copy.
     """
 
     project_name: str = "rlflow"

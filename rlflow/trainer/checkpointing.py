@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rlflow.trainer.checkpoint_mirror import CheckpointMirror
+from rlflow.utils.checkpoint_files import LATEST_FILE, CheckpointMirror, write_latest_pointer
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,6 @@ __all__ = [
     "write_latest_pointer",
 ]
 
-LATEST_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.pt"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
@@ -40,14 +39,6 @@ def saved_steps(root: str | os.PathLike) -> list[int]:
     return sorted(
         int(m.group(1)) for p in Path(root).iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()
     )
-
-
-def write_latest_pointer(root: str | os.PathLike, step: int) -> None:
-    """Point ``root/latest_checkpointed_iteration.txt`` at ``step``, atomically (temporary file, then
-    ``os.replace``): call it after the step's files are complete."""
-    tmp = Path(root) / (LATEST_FILE + ".tmp")
-    tmp.write_text(str(step))
-    os.replace(tmp, Path(root) / LATEST_FILE)
 
 
 def read_latest_pointer(
@@ -86,7 +77,7 @@ class TrainerCheckpointer:
     Args:
         trainer: the ``trainer`` config (``default_local_dir``, ``resume_mode``, ``resume_from_path``,
             ``max_actor_ckpt_to_keep``, ``max_critic_ckpt_to_keep``, ``default_hdfs_dir``: where each
-            complete checkpoint is copied, `rlflow.trainer.checkpoint_mirror`).
+            complete checkpoint is copied, `rlflow.utils.checkpoint_files`).
         save_ref: also save and restore the reference policy (``ref.sync_ref_model``: it moves with the
             actor, so a resume needs its weights; kept as long as the actor's).
     """

@@ -45,8 +45,8 @@ from rlflow.logging.tracking import ProgressBar, Tracking
 from rlflow.models.loader import load_tokenizer
 from rlflow.parallel.checkpoint import export_hf, is_checkpoint_complete, load_checkpoint, save_checkpoint
 from rlflow.parallel.distributed import current_device, init_distributed
-from rlflow.trainer.checkpoint_mirror import CheckpointMirror
 from rlflow.trainer.checkpointing import read_latest_pointer, saved_steps, write_latest_pointer
+from rlflow.utils.checkpoint_files import CheckpointMirror
 from rlflow.workers.role_setup import RoleLayout, build_role_module, model_path, setup_role_parallel
 
 __all__ = ["HF_DIR", "FSDPSFTTrainer", "latest_sft_checkpoint"]

@@ -15,7 +15,7 @@ import pytest
 
 from rlflow.config import load_config
 from rlflow.config.validate import validate_config
-from rlflow.trainer.checkpoint_mirror import CheckpointMirror, check_mirror_destination
+from rlflow.utils.checkpoint_files import CheckpointMirror, check_mirror_destination
 
 # An `hdfs` command for the test: `dfs -mkdir -p URL` and `dfs -put -f SRC URL` on a local directory that
 # stands for the cluster (hdfs://nn/<path> -> $FAKE_HDFS_ROOT/<path>); each call appended to a log.

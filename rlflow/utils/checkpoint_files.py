@@ -1,6 +1,9 @@
-"""A second copy of every saved checkpoint: ``trainer.default_hdfs_dir`` (verl's key).
+"""Files of a checkpoint root every trainer writes: the pointer file, and the copy of each checkpoint.
 
-After a checkpoint is complete under ``trainer.default_local_dir`` (its pointer file written), the
+``latest_checkpointed_iteration.txt`` names the last complete ``global_step_N``; it is written last and
+atomically (:func:`write_latest_pointer`).
+
+``trainer.default_hdfs_dir`` (verl's key) asks for a second copy of every saved checkpoint. After a checkpoint is complete under ``trainer.default_local_dir`` (its pointer file written), the
 driver copies ``global_step_N/`` to ``<default_hdfs_dir>/global_step_N/`` and then points
 ``<default_hdfs_dir>/latest_checkpointed_iteration.txt`` at it, so the copy is itself a checkpoint
 root a run can resume from (``trainer.default_local_dir=<the copy>``). The destination is
@@ -18,16 +21,25 @@ already complete by then).
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["CheckpointMirror", "check_mirror_destination"]
+__all__ = ["LATEST_FILE", "CheckpointMirror", "check_mirror_destination", "write_latest_pointer"]
 
 logger = logging.getLogger(__name__)
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
+
+
+def write_latest_pointer(root: str | os.PathLike, step: int) -> None:
+    """Point ``root/latest_checkpointed_iteration.txt`` at ``step``, atomically (temporary file, then
+    ``os.replace``): call it after the step's files are complete."""
+    tmp = Path(root) / (LATEST_FILE + ".tmp")
+    tmp.write_text(str(step))
+    os.replace(tmp, Path(root) / LATEST_FILE)
 
 
 def _is_hdfs(destination: str) -> bool:
@@ -103,8 +115,6 @@ class CheckpointMirror:
                 self._hdfs("-put", "-f", str(pointer), f"{self.destination}/{LATEST_FILE}")
             target = f"{self.destination}/{step_dir.name}"
         else:
-            from rlflow.trainer.checkpointing import write_latest_pointer  # (it imports this module)
-
             root = _local_path(self.destination)
             root.mkdir(parents=True, exist_ok=True)
             target = str(root / step_dir.name)
