@@ -35,6 +35,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rlflow.config.override_syntax import parse_bool, split_override, unquote
 from rlflow.config.profiler_layout import rewrite_profiler_overrides
 
 logger = logging.getLogger(__name__)
@@ -79,10 +80,6 @@ COEF_ALIASES: dict[str, tuple[str, str]] = {
 }
 """early verl coefficient key -> (rlflow's coefficient key, the switch that is on exactly when it is > 0)."""
 
-_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
-
-_PREFIXES = ("++", "+", "~")
-
 
 def canonical_key(key: str) -> str:
     """rlflow's spelling of the dotted ``key`` (unchanged when no alias applies)."""
@@ -90,14 +87,6 @@ def canonical_key(key: str) -> str:
         if key == alias or key.startswith(alias + "."):
             return target + key[len(alias) :]
     return key
-
-
-def _split(override: str) -> tuple[str, str, str]:
-    """``(hydra prefix, key, "=value" or "")`` of one command-line override."""
-    prefix = next((p for p in _PREFIXES if override.startswith(p)), "")
-    body = override[len(prefix) :]
-    key, sep, value = body.partition("=")
-    return prefix, key, sep + value
 
 
 def rewrite_overrides(overrides: Iterable[str]) -> list[str]:
@@ -117,7 +106,7 @@ def rewrite_overrides(overrides: Iterable[str]) -> list[str]:
         if item.startswith("-") or ("=" not in item and not item.startswith("~")):
             out.append(item)
             continue
-        prefix, key, rest = _split(item)
+        prefix, key, rest = split_override(item)
         if key in FLAG_ALIASES:
             out.extend(_flag(key, rest.removeprefix("="), out, overrides))
             continue
@@ -133,16 +122,13 @@ def rewrite_overrides(overrides: Iterable[str]) -> list[str]:
 
 def _flag(key: str, value: str, done: list[str], overrides: Iterable[str]) -> list[str]:
     """The override a verl boolean alias stands for (``[]`` when false); refuses a contradiction."""
-    text = value.strip().strip("'\"").lower()
-    if text in _FALSE:
+    if not parse_bool(key, value):
         _note(f"{key}={value}", "no override")
         return []
-    if text not in _TRUE:
-        raise ValueError(f"{key}={value}: expected true or false")
     target = FLAG_ALIASES[key]
     target_key = target.partition("=")[0]
     for other in [*done, *overrides]:
-        _, other_key, other_value = _split(other)
+        _, other_key, other_value = split_override(other)
         if other_key == target_key and other_value.removeprefix("=") != target.partition("=")[2]:
             raise ValueError(f"{key}={value} means {target}, but the command line also sets {other}")
     _note(f"{key}={value}", target)
@@ -153,7 +139,7 @@ def _coef(key: str, value: str) -> list[str]:
     """The two overrides an early verl KL coefficient stands for (see the module docstring)."""
     target, switch = COEF_ALIASES[key]
     try:
-        coef = float(value.strip().strip("'\""))
+        coef = float(unquote(value))
     except ValueError:
         raise ValueError(f"{key}={value}: expected a number") from None
     out = [f"{target}={value}", f"{switch}={'true' if coef > 0 else 'false'}"]

@@ -35,6 +35,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from rlflow.config.override_syntax import parse_bool, split_override, unquote
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["PROFILER_ROLES", "is_profiler_layout_key", "rewrite_profiler_overrides"]
@@ -47,9 +49,7 @@ PROFILER_ROLES = (
     "reward_model",
 )
 _GLOBAL = "global_profiler"
-_PREFIXES = ("++", "+")
 _NULL = ("null", "none", "~", "")
-_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 _TOOLS_REFUSED = {
     "nsys": "Nsight Systems",
     "npu": "the Ascend NPU profiler",
@@ -85,19 +85,6 @@ def is_profiler_layout_key(key: str) -> bool:
     return _section(key) is not None
 
 
-def _text(value: str) -> str:
-    return value.strip().strip("'\"")
-
-
-def _bool(key: str, value: str) -> bool:
-    text = _text(value).lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ValueError(f"{key}={value}: expected true or false")
-
-
 def rewrite_profiler_overrides(overrides: Iterable[str]) -> list[str]:
     """Replace verl's later profiler overrides by rlflow's (see the module docstring).
 
@@ -113,9 +100,9 @@ def rewrite_profiler_overrides(overrides: Iterable[str]) -> list[str]:
     out: list[str] = []
     found: dict[str, dict[str, tuple[str, str]]] = {}
     for item in overrides:
-        prefix = next((p for p in _PREFIXES if item.startswith(p)), "")
-        key, sep, value = item[len(prefix) :].partition("=")
-        where = _section(key) if sep and not item.startswith(("-", "~")) else None
+        prefix, key, rest = split_override(item)
+        value = rest.removeprefix("=")
+        where = _section(key) if rest and prefix != "~" and not item.startswith("-") else None
         if where is None:
             out.append(item)
             continue
@@ -149,7 +136,7 @@ def _translate(found: dict[str, dict[str, tuple[str, str]]]) -> list[str]:
             if sub in ("tool", "enable", "ranks", "all_ranks"):
                 continue
             if sub == "steps":
-                if _text(value).lower() in _NULL:
+                if unquote(value).lower() in _NULL:
                     continue
                 if not torch_on:
                     raise ValueError(
@@ -158,18 +145,18 @@ def _translate(found: dict[str, dict[str, tuple[str, str]]]) -> list[str]:
                     )
                 new.append(f"trainer.profile_steps={value}")
             elif sub == "save_path":
-                if _text(value).lower() not in _NULL:
-                    save_paths.add(_text(value))
+                if unquote(value).lower() not in _NULL:
+                    save_paths.add(unquote(value))
             elif sub == "profile_continuous_steps":
-                if _bool(key, value):
+                if parse_bool(key, value):
                     raise ValueError(
                         f"{key}={value}: rlflow writes one trace per profiled step "
                         "(<profile_dir>/step_<N>/); set it false"
                     )
             elif sub == "tool_config.torch.step_start":
-                if _text(value) != "0":
+                if unquote(value) != "0":
                     raise ValueError(f"{key}={value}: rlflow traces the whole step; keep 0")
-            elif sub == "tool_config.torch.step_end" and _text(value).lower() not in _NULL:
+            elif sub == "tool_config.torch.step_end" and unquote(value).lower() not in _NULL:
                 raise ValueError(f"{key}={value}: rlflow traces the whole step; keep null")
     if len(save_paths) > 1:
         raise ValueError(
@@ -190,7 +177,7 @@ def _check_tool(entries: dict[str, tuple[str, str]]) -> str | None:
     if "tool" not in entries:
         return None
     key, value = entries["tool"]
-    tool = _text(value).lower()
+    tool = unquote(value).lower()
     if tool in _NULL:
         return None
     if tool in _TOOLS_REFUSED:
@@ -205,17 +192,17 @@ def _check_tool(entries: dict[str, tuple[str, str]]) -> str | None:
 
 def _role_overrides(role: str, entries: dict[str, tuple[str, str]]) -> list[str]:
     enable_key, enable_value = entries.get("enable", (f"{role}.profiler.enable", "false"))
-    if not _bool(enable_key, enable_value):
+    if not parse_bool(enable_key, enable_value):
         return []
     if role == "reward_model":
         raise ValueError(
             f"{enable_key}={enable_value}: rlflow does not profile the reward-model group; profile the "
             "actor, rollout, ref or critic"
         )
-    if "all_ranks" in entries and _bool(*entries["all_ranks"]):
+    if "all_ranks" in entries and parse_bool(*entries["all_ranks"]):
         return [f"{role}.profile_ranks_all=true"]
     ranks = entries.get("ranks")
-    if ranks is None or _text(ranks[1]).replace(" ", "") in ("[]", *_NULL):
+    if ranks is None or unquote(ranks[1]).replace(" ", "") in ("[]", *_NULL):
         raise ValueError(
             f"{enable_key}=true profiles no rank: set {role}.profiler.ranks=[0,...] or "
             f"{role}.profiler.all_ranks=true"

@@ -118,7 +118,6 @@ class MLflowBackend:
         else:
             artifacts = Path(os.path.abspath(log_dir), "mlartifacts").as_uri() if own_store else None
             experiment_id = self.client.create_experiment(project, artifact_location=artifacts)
-        self.tracking_uri = uri
         continued = os.environ.get("MLFLOW_RUN_ID")
         if continued:  # as mlflow.start_run: continue that run; it keeps the parameters it has
             self.run_id = continued

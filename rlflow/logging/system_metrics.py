@@ -16,6 +16,7 @@ One sample per step, in the driver: the workers of other nodes are not included.
 from __future__ import annotations
 
 import os
+from types import ModuleType
 
 import psutil
 
@@ -33,6 +34,7 @@ class SystemMetrics:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self._nvml = _init_nvml()
         psutil.cpu_percent(interval=None)  # the first call starts the interval the next one measures
 
     def sample(self) -> dict[str, float]:
@@ -49,19 +51,24 @@ class SystemMetrics:
         disk = psutil.disk_usage(disk_path)
         out["system/disk_usage_megabytes"] = disk.used / _MB
         out["system/disk_usage_percentage"] = float(disk.percent)
-        out.update(_gpu_memory())
+        if self._nvml is not None:
+            out.update(_gpu_memory(self._nvml))
         return out
 
 
-def _gpu_memory() -> dict[str, float]:
-    """Per-GPU memory and utilisation through NVML (``pynvml``, from ``nvidia-ml-py``), which reads them
-    without creating a CUDA context; nothing when NVML or a GPU is missing."""
+def _init_nvml() -> ModuleType | None:
+    """``pynvml`` (from ``nvidia-ml-py``) once NVML is initialised; None when NVML or its driver is missing."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception:  # no NVML library, no driver, no GPU: no GPU metrics
-        return {}
+        return None
+    return pynvml
+
+
+def _gpu_memory(pynvml: ModuleType) -> dict[str, float]:
+    """Per-GPU memory and utilisation through NVML, which reads them without creating a CUDA context."""
     out = {}
     for i in range(pynvml.nvmlDeviceGetCount()):
         handle = pynvml.nvmlDeviceGetHandleByIndex(i)

@@ -3,8 +3,8 @@
 ``latest_checkpointed_iteration.txt`` names the last complete ``global_step_N``; it is written last and
 atomically (:func:`write_latest_pointer`).
 
-``trainer.default_hdfs_dir`` (verl's key) asks for a second copy of every saved checkpoint. After a checkpoint is complete under ``trainer.default_local_dir`` (its pointer file written), the
-driver copies ``global_step_N/`` to ``<default_hdfs_dir>/global_step_N/`` and then points
+``trainer.default_hdfs_dir`` (verl's key) asks for a second copy of every saved checkpoint. After a
+checkpoint is complete under ``trainer.default_local_dir`` (its pointer file written), the driver copies ``global_step_N/`` to ``<default_hdfs_dir>/global_step_N/`` and then points
 ``<default_hdfs_dir>/latest_checkpointed_iteration.txt`` at it, so the copy is itself a checkpoint
 root a run can resume from (``trainer.default_local_dir=<the copy>``). The destination is
 

@@ -1,0 +1,44 @@
+"""The syntax of one Hydra command-line override, shared by the rewrites of verl's spellings
+(`rlflow.config.aliases`, `rlflow.config.profiler_layout`).
+"""
+
+from __future__ import annotations
+
+__all__ = ["HYDRA_PREFIXES", "parse_bool", "split_override", "unquote"]
+
+HYDRA_PREFIXES = ("++", "+", "~")
+"""Hydra's override prefixes: force-add, add, delete (longest first)."""
+
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+
+
+def split_override(override: str) -> tuple[str, str, str]:
+    """``(hydra prefix, key, "=value" or "")`` of one command-line override.
+
+    >>> split_override("+data.x=1")
+    ('+', 'data.x', '=1')
+    >>> split_override("~trainer.logger")
+    ('~', 'trainer.logger', '')
+    """
+    prefix = next((p for p in HYDRA_PREFIXES if override.startswith(p)), "")
+    key, sep, value = override[len(prefix) :].partition("=")
+    return prefix, key, sep + value
+
+
+def unquote(value: str) -> str:
+    """An override's value without surrounding blanks and shell-style quotes."""
+    return value.strip().strip("'\"")
+
+
+def parse_bool(key: str, value: str) -> bool:
+    """The boolean an override's value spells (true / false, 1 / 0, yes / no, any case).
+
+    Raises:
+        ValueError: any other value, naming ``key``.
+    """
+    text = unquote(value).lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(f"{key}={value}: expected true or false")
