@@ -54,10 +54,7 @@ def check_rollout_correction(cfg: DictConfig) -> None:
         raise ValueError(f"{RC}.rollout_token_veto_threshold={veto!r} must be in (0, 1) or null")
     bypass = flag(cfg, f"{RC}.bypass_mode")
     if flag(cfg, f"{RC}.use_policy_gradient"):
-        raise ValueError(
-            f"{RC}.use_policy_gradient=true (verl's IS policy-gradient loss) is not supported: keep it false "
-            f"and use the PPO loss (actor_rollout_ref.actor.policy_loss.loss_mode) with bypass_mode or the weights"
-        )
+        _check_policy_gradient(cfg, bypass)
     active = rollout_is is not None or rollout_rs is not None or veto is not None
     if (active or bypass) and not value_at(cfg, "actor_rollout_ref.rollout.calculate_log_probs"):
         key = f"{RC}.bypass_mode" if bypass else f"{RC}.{'rollout_is' if rollout_is else 'rollout_rs'}"
@@ -71,4 +68,31 @@ def check_rollout_correction(cfg: DictConfig) -> None:
         raise ValueError(
             f"{RC}.rollout_is={rollout_is!r} and actor_rollout_ref.actor.tis_imp_ratio_cap={cap!r} both weight the "
             f"policy loss: keep one (tis_imp_ratio_cap=x is rollout_is=token with rollout_is_threshold=x)"
+        )
+
+
+def _check_policy_gradient(cfg: DictConfig, bypass: bool) -> None:
+    """``use_policy_gradient=true``: the REINFORCE loss of bypass mode (`rlflow.algos.reinforce_loss`)."""
+    key = f"{RC}.use_policy_gradient=true"
+    if not bypass:
+        raise ValueError(
+            f"{key} is the policy-gradient loss of bypass mode (verl reads it only then): set "
+            f"{RC}.bypass_mode=true, or keep it false and weight the PPO loss with {RC}.rollout_is"
+        )
+    if flag(cfg, f"{RC}.rollout_is_batch_normalize"):
+        raise ValueError(
+            f"{key} recomputes the weights in every micro-batch, so {RC}.rollout_is_batch_normalize=true would "
+            f"normalise them by a micro-batch's mean (the loss would depend on the split): set it false"
+        )
+    mode = value_at(cfg, "actor_rollout_ref.actor.policy_loss.loss_mode")
+    if mode != "vanilla":
+        raise ValueError(
+            f"{key} replaces the policy loss by REINFORCE, so actor_rollout_ref.actor.policy_loss.loss_mode="
+            f"{mode!r} would be ignored: keep loss_mode=vanilla, or set use_policy_gradient=false for {mode!r}"
+        )
+    cap = value_at(cfg, "actor_rollout_ref.actor.tis_imp_ratio_cap")
+    if cap is not None and cap > 0:
+        raise ValueError(
+            f"{key} and actor_rollout_ref.actor.tis_imp_ratio_cap={cap!r} both weight the policy loss: set "
+            f"tis_imp_ratio_cap=0 and use {RC}.rollout_is=token with rollout_is_threshold={cap!r}"
         )

@@ -538,7 +538,9 @@ class RolloutCorrectionConfig:
             the lower (null = 1 / upper).
         rollout_token_veto_threshold: drop a response with any token ratio below this (null = off).
         bypass_mode: no ``compute_log_prob`` pass: the rollout's log-probs are the old policy's.
-        use_policy_gradient: verl's IS policy-gradient loss; refused (false only).
+        use_policy_gradient: with ``bypass_mode``, the policy loss is REINFORCE weighted by these
+            settings' weights of the current policy against the rollout's, recomputed in every micro-batch
+            (`rlflow.algos.reinforce_loss`) instead of ``policy_loss.loss_mode``.
     """
 
     rollout_is: str | None = None

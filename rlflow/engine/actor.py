@@ -18,6 +18,7 @@ import torch
 from rlflow.algos.kl import compute_kl_loss
 from rlflow.algos.losses import agg_loss, compute_rollout_is_weights, get_policy_loss_fn
 from rlflow.algos.policy_loss_call import PolicyLossCall
+from rlflow.algos.reinforce_loss import compute_policy_loss_reinforce
 from rlflow.engine.batching import MicroBatchSpec, UpdateSpec
 from rlflow.engine.ppo_loop import (
     FORWARD_KEYS,
@@ -34,7 +35,7 @@ from rlflow.protocol import DataProto
 from rlflow.utils.torch_functional import masked_mean
 
 if TYPE_CHECKING:
-    from rlflow.config.schema import ActorConfig
+    from rlflow.config.schema import ActorConfig, RolloutCorrectionConfig
 
 __all__ = ["DataParallelPPOActor"]
 
@@ -58,6 +59,10 @@ class DataParallelPPOActor:
         use_remove_padding: packed (remove-padding) forwards.
         dp_group / sp_group / sync_group: data-parallel group (loss normalisers), Ulysses group, and the
             ranks that run the same number of micro-batches (the FSDP world).
+        reinforce: ``algorithm.rollout_correction`` when its ``use_policy_gradient`` is on: the policy
+            loss is then `rlflow.algos.reinforce_loss.compute_policy_loss_reinforce` against the batch's
+            ``rollout_log_probs``, with these weights, rejection and veto, instead of
+            ``policy_loss.loss_mode``.
     """
 
     def __init__(
@@ -73,6 +78,7 @@ class DataParallelPPOActor:
         dp_group: Any = None,
         sp_group: Any = None,
         sync_group: Any = None,
+        reinforce: RolloutCorrectionConfig | None = None,
     ) -> None:
         if not temperature > 0:
             raise ValueError(f"DataParallelPPOActor: temperature must be > 0, got {temperature}")
@@ -84,6 +90,7 @@ class DataParallelPPOActor:
         self.temperature = float(temperature)
         self.use_remove_padding = bool(use_remove_padding)
         self.dp_group, self.sp_group, self.sync_group = dp_group, sp_group, sync_group
+        self.reinforce = reinforce
         self.skipped_steps = 0
 
     # ---- hooks (verl's names) --------------------------------------------------------------------------
@@ -169,7 +176,8 @@ class DataParallelPPOActor:
             Metrics averaged over mini-batches: ``actor/pg_loss``, ``actor/pg_clipfrac``,
             ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``, ``actor/entropy_loss``, ``actor/kl_loss`` (when
             enabled), ``actor/grad_norm``, ``actor/skipped_steps``; without ``old_log_probs`` also
-            ``actor/entropy`` (what ``compute_log_prob`` reports otherwise).
+            ``actor/entropy`` (what ``compute_log_prob`` reports otherwise). With ``reinforce`` the policy
+            loss's metrics are ``actor/ppo_kl`` and ``rollout_corr/*`` instead of the clip fractions.
 
         Raises:
             ValueError: ``old_log_probs`` is missing and the update is not on-policy.
@@ -194,6 +202,13 @@ class DataParallelPPOActor:
             if "rollout_log_probs" not in data.batch.keys():
                 raise ValueError(
                     "actor.tis_imp_ratio_cap > 0 needs rollout_log_probs (rollout.calculate_log_probs)"
+                )
+            keys.append("rollout_log_probs")
+        if self.reinforce is not None:
+            if "rollout_log_probs" not in data.batch.keys():
+                raise ValueError(
+                    "algorithm.rollout_correction.use_policy_gradient needs rollout_log_probs "
+                    "(actor_rollout_ref.rollout.calculate_log_probs=true)"
                 )
             keys.append("rollout_log_probs")
         keys += [k for k in ("rollout_is_weights", "rollout_rs_mask") if k in data.batch.keys()]
@@ -229,9 +244,13 @@ class DataParallelPPOActor:
                     old_log_probs, mb["rollout_log_probs"], mask, cfg.tis_imp_ratio_cap
                 )
                 acc.add("actor/tis_weight_mean", masked_mean(is_weights, mask), weight=float(mask.sum()))
-            pg_loss, pg_metrics = policy_loss(
-                old_log_probs, log_probs, mb["advantages"], mask, mode, cfg, is_weights, norm
-            )
+            if self.reinforce is not None:
+                pg_loss = self._reinforce_loss(mb, log_probs, mode, norm, acc)
+                pg_metrics = {}
+            else:
+                pg_loss, pg_metrics = policy_loss(
+                    old_log_probs, log_probs, mb["advantages"], mask, mode, cfg, is_weights, norm
+                )
             loss = pg_loss
             if entropy_coeff != 0:
                 entropy_term = agg_loss(entropy, mask, mode, **norm)
@@ -246,3 +265,26 @@ class DataParallelPPOActor:
             acc.add_rank_share("actor/pg_loss", pg_loss)
             for key, value in pg_metrics.items():
                 acc.add(key, value, weight=n_tok)
+
+    def _reinforce_loss(
+        self, mb: Any, log_probs: torch.Tensor, mode: str, norm: dict[str, Any], acc: MetricAccumulator
+    ) -> torch.Tensor:
+        """``use_policy_gradient``'s loss of one micro-batch; its metrics go to ``acc`` with their weights."""
+        rc = self.reinforce
+        pg_loss, metrics = compute_policy_loss_reinforce(
+            mb["rollout_log_probs"],
+            log_probs,
+            mb["advantages"],
+            mb["response_mask"],
+            mode,
+            rollout_is=rc.rollout_is,
+            rollout_is_threshold=float(rc.rollout_is_threshold),
+            rollout_rs=rc.rollout_rs,
+            rollout_rs_threshold=rc.rollout_rs_threshold,
+            rollout_rs_threshold_lower=rc.rollout_rs_threshold_lower,
+            rollout_token_veto_threshold=rc.rollout_token_veto_threshold,
+            **norm,
+        )
+        for key, (value, weight) in metrics.items():
+            acc.add(key, value, weight=weight)
+        return pg_loss

@@ -110,8 +110,16 @@ class RayPPOTrainer:
         correction = config.algorithm.rollout_correction
         self.bypass_old_log_prob = bool(correction.bypass_mode)
         self.recompute_old_log_prob = not (self.bypass_old_log_prob or update_is_on_policy(config))
-        self.rollout_correction = correction if rollout_correction_active(config) else None
-        if self.bypass_old_log_prob:
+        # use_policy_gradient: the actor's loss recomputes weights and rejection in every micro-batch
+        self.rollout_correction = (
+            correction if rollout_correction_active(config) and not correction.use_policy_gradient else None
+        )
+        if correction.use_policy_gradient:
+            logger.info(
+                "algorithm.rollout_correction.use_policy_gradient: REINFORCE loss with importance weights of "
+                "the current policy against the rollout's, recomputed in the actor's update (bypass mode)"
+            )
+        elif self.bypass_old_log_prob:
             logger.info(
                 "algorithm.rollout_correction.bypass_mode: the rollout's log-probs are the old policy's (no "
                 "compute_log_prob pass; rollout_is / rollout_rs then see identical log-probs: weights 1)"

@@ -38,6 +38,7 @@ class ActorRolloutWorker(RoleWorker):
         arr = self.config.actor_rollout_ref
         actor, rollout = arr.actor, arr.rollout
         dims = self.parallel.dims
+        correction = self.config.algorithm.rollout_correction
         self.actor = DataParallelPPOActor(
             actor,
             self.module,
@@ -51,6 +52,7 @@ class ActorRolloutWorker(RoleWorker):
             ),
             temperature=logprob_temperature(rollout.temperature),
             use_remove_padding=arr.model.use_remove_padding,
+            reinforce=correction if correction.use_policy_gradient else None,
             **self._groups(),
         )
         self.tokenizer = load_tokenizer(

@@ -412,10 +412,39 @@ BAD_CONFIGS = [
         "algorithm.rollout_correction.rollout_token_veto_threshold=2.0 must be in (0, 1)",
     ),
     (
-        ["algorithm.rollout_correction.use_policy_gradient=true"],
+        ["algorithm.rollout_correction.use_policy_gradient=true", f"{ROLLOUT}.calculate_log_probs=true"],
         {},
-        "algorithm.rollout_correction.use_policy_gradient=true (verl's IS policy-gradient loss)",
+        "use_policy_gradient=true is the policy-gradient loss of bypass mode (verl reads it only then): set "
+        "algorithm.rollout_correction.bypass_mode=true",
     ),
+    *[
+        (
+            [
+                "algorithm.rollout_correction.use_policy_gradient=true",
+                "algorithm.rollout_correction.bypass_mode=true",
+                f"{ROLLOUT}.calculate_log_probs=true",
+                extra,
+            ],
+            {},
+            message,
+        )
+        for extra, message in [
+            (
+                "algorithm.rollout_correction.rollout_is_batch_normalize=true",
+                "so algorithm.rollout_correction.rollout_is_batch_normalize=true would normalise them by a "
+                "micro-batch's mean",
+            ),
+            (
+                f"{ACTOR}.policy_loss.loss_mode=gspo",
+                "replaces the policy loss by REINFORCE, so actor_rollout_ref.actor.policy_loss.loss_mode='gspo' "
+                "would be ignored",
+            ),
+            (
+                f"{ACTOR}.tis_imp_ratio_cap=2",
+                "and actor_rollout_ref.actor.tis_imp_ratio_cap=2.0 both weight the policy loss",
+            ),
+        ]
+    ],
     (
         [
             "algorithm.rollout_correction.rollout_is=token",
@@ -525,6 +554,15 @@ GOOD_CONFIGS = [
         f"{ROLLOUT}.calculate_log_probs=true",
         "algorithm.rollout_correction.rollout_is=token",
         "algorithm.rollout_correction.bypass_mode=true",
+    ],
+    [  # verl's pg_is / pg_rs presets: REINFORCE in bypass mode
+        f"{ROLLOUT}.calculate_log_probs=true",
+        "algorithm.rollout_correction.bypass_mode=true",
+        "algorithm.rollout_correction.use_policy_gradient=true",
+        "algorithm.rollout_correction.rollout_is=sequence",
+        "algorithm.rollout_correction.rollout_rs=geometric",
+        "algorithm.rollout_correction.rollout_rs_threshold=1.001",
+        "algorithm.rollout_correction.rollout_token_veto_threshold=1e-4",
     ],
 ]
 

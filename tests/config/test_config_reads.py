@@ -35,7 +35,6 @@ REFUSED = {
     "actor_rollout_ref.hybrid_engine": False,
     "actor_rollout_ref.actor.fsdp_config.grad_offload": True,
     "critic.fsdp_config.grad_offload": True,
-    "algorithm.rollout_correction.use_policy_gradient": True,
 }
 """Keys kept for verl compatibility whose other values rlflow refuses, with such a value."""
 

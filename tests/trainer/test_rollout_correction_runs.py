@@ -4,7 +4,8 @@ profiler (rlflow's keys and verl's later ``global_profiler`` layout together) in
 The hf rollout and the trainer compute the same log-probs up to float noise, so in the decoupled mode the
 importance weights are 1 and nothing is rejected (within noise); in bypass mode the ``compute_log_prob``
 pass is skipped, the rollout's log-probs are the old policy's (weights exactly 1, KL exactly 0) and the
-step's losses equal the decoupled run's up to that noise. The profiled step 2 leaves the traces of the
+step's losses equal the decoupled run's up to that noise. With ``use_policy_gradient`` the actor's loss is
+REINFORCE, weighted by the current policy against the rollout's in each micro-batch. The profiled step 2 leaves the traces of the
 selected ranks of each role, per call or per step as asked, and step 1 none.
 """
 
@@ -56,7 +57,19 @@ def runs(tmp_path_factory) -> dict:
             config_name="demo",
         )
     )["history"]
-    return {"decoupled": decoupled[0], "bypass": bypass[0], "profile": traces}
+    reinforce = run_ppo(
+        load_config(
+            _overrides(
+                tmp / "r",
+                *COMMON,
+                "trainer.total_training_steps=1",
+                f"{RC}.bypass_mode=true",
+                f"{RC}.use_policy_gradient=true",
+            ),
+            config_name="demo",
+        )
+    )["history"]
+    return {"decoupled": decoupled[0], "bypass": bypass[0], "reinforce": reinforce[0], "profile": traces}
 
 
 def test_decoupled_mode_weights_are_one_and_nothing_is_rejected(runs):
@@ -79,6 +92,28 @@ def test_bypass_mode_skips_the_old_log_prob_pass_and_matches_the_decoupled_step(
     scale = abs(decoupled["actor/pg_loss"]) + 1e-3
     assert bypass["actor/pg_loss"] == pytest.approx(decoupled["actor/pg_loss"], abs=1e-4 * scale)
     assert bypass["actor/ppo_kl"] == pytest.approx(decoupled["actor/ppo_kl"], abs=1e-5)
+
+
+def test_policy_gradient_mode_weights_the_reinforce_loss_in_the_update(runs):
+    """``use_policy_gradient``: no old-log-prob pass, and the ``rollout_corr/*`` metrics come from the
+    actor's loss (weights of the policy being trained against the rollout's), not from the batch."""
+    decoupled, reinforce = runs["decoupled"], runs["reinforce"]
+    assert "timing_s/old_log_prob" not in reinforce
+    assert "actor/pg_clipfrac" not in reinforce  # REINFORCE: nothing is clipped
+    assert reinforce["response_length/mean"] == decoupled["response_length/mean"]
+    # The first of the 2 mini-batches sees the rollout's policy (weights 1 up to float noise), the second
+    # the policy after one optimizer step, which the demo's learning rate moves far: weights leave 1, and
+    # tokens whose ratio leaves [1/2, 2] (rollout_rs=token, bounds from rollout_is_threshold=2) are rejected.
+    assert reinforce["rollout_corr/rollout_is_mean"] != pytest.approx(1.0, abs=1e-3)
+    assert 0 < abs(reinforce["actor/ppo_kl"]) < 1.0 and 0 < abs(reinforce["rollout_corr/kl"]) < 1.0
+    # the rejection's bounds are the weights' truncation bounds: a token is rejected exactly when its ratio
+    # is above the threshold or below its reciprocal (the veto at 1e-4 drops nothing here)
+    assert reinforce["rollout_corr/rollout_is_veto_fraction"] == 0.0
+    assert reinforce["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(
+        reinforce["rollout_corr/rollout_is_ratio_fraction_high"]
+        + reinforce["rollout_corr/rollout_is_ratio_fraction_low"],
+        abs=1e-9,
+    )
 
 
 def test_the_profiled_step_writes_the_selected_traces(runs):
