@@ -241,6 +241,9 @@ class ActorConfig:
         tis_imp_ratio_cap: truncated importance sampling between the rollout engine's and the trainer's
             probabilities (Yao et al. 2025): weights ``min(exp(old_log_prob - rollout_log_prob), cap)``
             multiply the per-token policy loss; -1 = off; needs ``rollout.calculate_log_probs``.
+        use_torch_compile: the log-prob and entropy kernels on the logits run through ``torch.compile``
+            (`rlflow.utils.logit_blocks`, verl's key); null = on CUDA only (verl's default there; on CPU
+            inductor's C++ build costs ~20 s per process, more than the tiny model's kernels take).
         profile_ranks / profile_ranks_all / profile_discrete: the ranks that record ``torch.profiler``
             traces on the steps of ``trainer.profile_steps``, one per step or one per call
             (`rlflow.single_controller.profiling`); none by default.
@@ -266,6 +269,7 @@ class ActorConfig:
     grad_clip: float = 1.0
     ulysses_sequence_parallel_size: int = 1
     tis_imp_ratio_cap: float = -1.0
+    use_torch_compile: bool | None = None
     profile_ranks: list[int] | None = None
     profile_ranks_all: bool = False
     profile_discrete: bool = False
@@ -293,6 +297,7 @@ class RefConfig:
             arXiv:2404.09656; `rlflow.parallel.weight_mixing`); the reference is then checkpointed too.
         ref_model_sync_steps: steps between two syncs.
         ref_model_mixup_alpha: ``alpha`` in (0, 1] (1 copies the actor).
+        use_torch_compile: as the actor's (its value by default).
         profile_ranks / profile_ranks_all / profile_discrete: as the actor's.
     """
 
@@ -301,6 +306,7 @@ class RefConfig:
     log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
     log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
     ulysses_sequence_parallel_size: int = II("actor_rollout_ref.actor.ulysses_sequence_parallel_size")
+    use_torch_compile: bool | None = II("actor_rollout_ref.actor.use_torch_compile")
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
     sync_ref_model: bool = False
     ref_model_sync_steps: int = 512

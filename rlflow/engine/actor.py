@@ -63,6 +63,8 @@ class DataParallelPPOActor:
             loss is then `rlflow.algos.reinforce_loss.compute_policy_loss_reinforce` against the batch's
             ``rollout_log_probs``, with these weights, rejection and veto, instead of
             ``policy_loss.loss_mode``.
+        torch_compile: log-probs and entropy from the logits through the ``torch.compile``d block
+            kernels (``use_torch_compile`` of the role, resolved: `rlflow.utils.logit_blocks`).
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class DataParallelPPOActor:
         sp_group: Any = None,
         sync_group: Any = None,
         reinforce: RolloutCorrectionConfig | None = None,
+        torch_compile: bool = False,
     ) -> None:
         if not temperature > 0:
             raise ValueError(f"DataParallelPPOActor: temperature must be > 0, got {temperature}")
@@ -91,6 +94,7 @@ class DataParallelPPOActor:
         self.use_remove_padding = bool(use_remove_padding)
         self.dp_group, self.sp_group, self.sync_group = dp_group, sp_group, sync_group
         self.reinforce = reinforce
+        self.torch_compile = bool(torch_compile)
         self.skipped_steps = 0
 
     # ---- hooks (verl's names) --------------------------------------------------------------------------
@@ -117,6 +121,7 @@ class DataParallelPPOActor:
             sp_group=self.sp_group,
             temperature=temperature,
             calculate_entropy=calculate_entropy,
+            compiled=self.torch_compile,
         )
         return out.get("entropy"), out["log_probs"]
 

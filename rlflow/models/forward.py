@@ -154,6 +154,7 @@ def _padded_forward(
     output: str,
     temperature: float,
     calculate_entropy: bool,
+    compiled: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Forward on the padded (bs, seqlen) batch with its 2-D attention mask."""
     fused = fused_head_of(module) if output == "log_probs" else None
@@ -182,9 +183,9 @@ def _padded_forward(
     if output == "values":
         return {"values": head.float()}
     logits = head / temperature
-    result = {"log_probs": logprobs_from_logits(logits, mb["responses"])}
+    result = {"log_probs": logprobs_from_logits(logits, mb["responses"], compiled=compiled)}
     if calculate_entropy:
-        result["entropy"] = entropy_from_logits(logits)
+        result["entropy"] = entropy_from_logits(logits, compiled=compiled)
     return result
 
 
@@ -195,6 +196,7 @@ def _packed_token_outputs(
     temperature: float,
     calculate_entropy: bool,
     sp_group: Any,
+    compiled: bool = False,
 ) -> tuple[dict[str, torch.Tensor], Any]:
     """Per-token outputs ``(total_tokens,)`` of the packed (and SP-sliced, then gathered) forward."""
     packed = unpad_micro_batch(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
@@ -214,9 +216,9 @@ def _packed_token_outputs(
         local = _fused_outputs(head, calculate_entropy)
     elif output == "log_probs":
         logits = head / temperature
-        local = {"log_probs": logprobs_from_logits(logits, labels[0])}
+        local = {"log_probs": logprobs_from_logits(logits, labels[0], compiled=compiled)}
         if calculate_entropy:
-            local["entropy"] = entropy_from_logits(logits)
+            local["entropy"] = entropy_from_logits(logits, compiled=compiled)
     else:
         local = {output: head.float()}
     gathered = {
@@ -235,6 +237,7 @@ def forward_micro_batch(
     sp_group: Any = None,
     temperature: float = 1.0,
     calculate_entropy: bool = False,
+    compiled: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Run ``module`` on one padded micro-batch and return response-aligned outputs.
 
@@ -251,6 +254,8 @@ def forward_micro_batch(
             every rank of the group must pass the same micro-batch.
         temperature: the logits are divided by it before log-probs and entropy (``"log_probs"`` only).
         calculate_entropy: also return ``entropy`` (``"log_probs"`` only).
+        compiled: log-probs and entropy from the logits through the ``torch.compile``d block kernels
+            (`rlflow.utils.logit_blocks`; ``use_torch_compile``); the fused head has its own kernels.
 
     Returns:
         ``{"log_probs": (bs, response_len)[, "entropy": (bs, response_len)]}``, ``{"values": (bs,
@@ -261,10 +266,10 @@ def forward_micro_batch(
     if sp_size > 1 and not use_remove_padding:
         raise ValueError(f"ulysses_sequence_parallel_size={sp_size} > 1 needs use_remove_padding=True")
     if not use_remove_padding:
-        return _padded_forward(module, micro_batch, output, temperature, calculate_entropy)
+        return _padded_forward(module, micro_batch, output, temperature, calculate_entropy, compiled)
     _check_attn_implementation(module, sp_size)
     tokens, packed = _packed_token_outputs(
-        module, micro_batch, output, temperature, calculate_entropy, sp_group
+        module, micro_batch, output, temperature, calculate_entropy, sp_group, compiled
     )
     bs, seqlen = packed.batch_size, packed.seqlen
     if output == "scores":

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from rlflow.utils.logit_blocks import kernels
+
 __all__ = [
     "clip_by_value",
     "entropy_from_logits",
@@ -231,35 +233,33 @@ class _LogprobsFromLogits(torch.autograd.Function):
     """log softmax(logits)[label] with a backward that recomputes softmax block by block."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, compiled: bool) -> torch.Tensor:
         cdtype = _compute_dtype(logits.dtype)
         lse = torch.empty(labels.shape, dtype=cdtype, device=logits.device)
-        lse_flat = lse.view(-1)
+        lse_flat, lse_block = lse.view(-1), kernels(compiled).lse
         for s, e, block in _row_blocks(logits, _max_rows(logits.shape[-1])):
-            lse_flat[s:e] = torch.logsumexp(block.to(cdtype), dim=-1)
+            lse_flat[s:e] = lse_block(block, cdtype)
         picked = torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1).to(cdtype)
         ctx.save_for_backward(logits, labels, lse)
+        ctx.compiled = compiled
         return picked - lse
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
         logits, labels, lse = ctx.saved_tensors
-        cdtype = lse.dtype
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-        grad_flat, g_flat = grad.view(-1, logits.shape[-1]), grad_out.reshape(-1).to(cdtype)
+        grad_flat, g_flat = grad.view(-1, logits.shape[-1]), grad_out.reshape(-1).to(lse.dtype)
         lse_flat, labels_flat = lse.view(-1), labels.reshape(-1)
+        grad_block = kernels(ctx.compiled).logprob_grad
         for s, e, block in _row_blocks(logits, _max_rows(logits.shape[-1])):
-            g = g_flat[s:e].unsqueeze(-1)
             # d/dx_j [x_label - logsumexp(x)] = 1[j == label] - softmax(x)_j
-            block_grad = -g * torch.exp(block.to(cdtype) - lse_flat[s:e].unsqueeze(-1))
-            block_grad.scatter_add_(-1, labels_flat[s:e].unsqueeze(-1), g)
-            grad_flat[s:e] = block_grad.to(logits.dtype)
-        return grad, None
+            grad_flat[s:e] = grad_block(block, lse_flat[s:e], g_flat[s:e], labels_flat[s:e])
+        return grad, None, None
 
 
 def logprobs_from_logits(
-    logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = True
+    logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = True, compiled: bool = False
 ) -> torch.Tensor:
     """Log-probability of ``labels`` under ``softmax(logits)``, memory-light.
 
@@ -275,6 +275,7 @@ def logprobs_from_logits(
         labels: ``(bs, seq)`` / ``(n,)`` integer token ids, ``logits.shape[:-1]``.
         inplace_backward: accepted for compatibility with verl's signature; the backward here always
             writes the logits gradient into one freshly allocated buffer, block by block.
+        compiled: run the block kernels through ``torch.compile`` (`rlflow.utils.logit_blocks`).
 
     Returns:
         ``logits.shape[:-1]`` log-probs in ``promote_types(logits.dtype, float32)`` (float32 for bf16).
@@ -284,7 +285,7 @@ def logprobs_from_logits(
             f"logprobs_from_logits: labels shape {tuple(labels.shape)} must equal logits.shape[:-1] "
             f"{tuple(logits.shape[:-1])}"
         )
-    return _LogprobsFromLogits.apply(logits, labels.long())
+    return _LogprobsFromLogits.apply(logits, labels.long(), bool(compiled))
 
 
 class _EntropyFromLogits(torch.autograd.Function):
@@ -295,41 +296,35 @@ class _EntropyFromLogits(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, logits: torch.Tensor, compiled: bool) -> torch.Tensor:
         cdtype = _compute_dtype(logits.dtype)
         shape = logits.shape[:-1]
         row_max, lse, mean_shifted = (
             torch.empty(shape, dtype=cdtype, device=logits.device) for _ in range(3)
         )
         max_flat, lse_flat, mean_flat = row_max.view(-1), lse.view(-1), mean_shifted.view(-1)
+        stats_block = kernels(compiled).entropy_stats
         for s, e, block in _row_blocks(logits, _max_rows(logits.shape[-1])):
-            x = block.to(cdtype).clamp_min(torch.finfo(cdtype).min)  # -inf logits: p = 0, p * x' = 0
-            block_max = x.max(dim=-1, keepdim=True).values
-            x = x - block_max
-            block_lse = torch.logsumexp(x, dim=-1)
-            max_flat[s:e], lse_flat[s:e] = block_max.squeeze(-1), block_lse
-            mean_flat[s:e] = (torch.exp(x - block_lse.unsqueeze(-1)) * x).sum(dim=-1)
+            max_flat[s:e], lse_flat[s:e], mean_flat[s:e] = stats_block(block, cdtype)
         ctx.save_for_backward(logits, row_max, lse, mean_shifted)
+        ctx.compiled = compiled
         return lse - mean_shifted
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
         logits, row_max, lse, mean_shifted = ctx.saved_tensors
-        cdtype = lse.dtype
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-        grad_flat, g_flat = grad.view(-1, logits.shape[-1]), grad_out.reshape(-1).to(cdtype)
+        grad_flat, g_flat = grad.view(-1, logits.shape[-1]), grad_out.reshape(-1).to(lse.dtype)
         max_flat, lse_flat, mean_flat = row_max.view(-1), lse.view(-1), mean_shifted.view(-1)
+        grad_block = kernels(ctx.compiled).entropy_grad
         for s, e, block in _row_blocks(logits, _max_rows(logits.shape[-1])):
-            x = block.to(cdtype).clamp_min(torch.finfo(cdtype).min) - max_flat[s:e].unsqueeze(-1)
-            p = torch.exp(x - lse_flat[s:e].unsqueeze(-1))
             # dH/dx_j = p_j * (E_p[x] - x_j), unchanged by the shift
-            block_grad = g_flat[s:e].unsqueeze(-1) * p * (mean_flat[s:e].unsqueeze(-1) - x)
-            grad_flat[s:e] = block_grad.to(logits.dtype)
-        return grad
+            grad_flat[s:e] = grad_block(block, max_flat[s:e], lse_flat[s:e], mean_flat[s:e], g_flat[s:e])
+        return grad, None
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+def entropy_from_logits(logits: torch.Tensor, compiled: bool = False) -> torch.Tensor:
     """Entropy of the categorical distribution ``softmax(logits)`` along the last dim, memory-light.
 
     ``H = logsumexp(x) - sum(softmax(x) * x)`` (computed on max-shifted logits). The softmax is formed one
@@ -339,8 +334,9 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
     Args:
         logits: ``(bs, seq, vocab)``, ``(n, vocab)`` or any ``(..., vocab)``.
+        compiled: run the block kernels through ``torch.compile`` (`rlflow.utils.logit_blocks`).
 
     Returns:
         ``logits.shape[:-1]`` entropies (nats) in ``promote_types(logits.dtype, float32)``.
     """
-    return _EntropyFromLogits.apply(logits)
+    return _EntropyFromLogits.apply(logits, bool(compiled))

@@ -16,7 +16,14 @@ from rlflow.rollout import get_rollout_class
 from rlflow.rollout.base import logprob_temperature
 from rlflow.single_controller import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from rlflow.workers.base import RoleWorker
-from rlflow.workers.role_setup import actor_layout, metrics_proto, model_path, timed_call, tokenizer_path
+from rlflow.workers.role_setup import (
+    actor_layout,
+    metrics_proto,
+    model_path,
+    resolve_torch_compile,
+    timed_call,
+    tokenizer_path,
+)
 
 __all__ = ["ActorRolloutWorker"]
 
@@ -53,6 +60,7 @@ class ActorRolloutWorker(RoleWorker):
             temperature=logprob_temperature(rollout.temperature),
             use_remove_padding=arr.model.use_remove_padding,
             reinforce=correction if correction.use_policy_gradient else None,
+            torch_compile=resolve_torch_compile(actor.use_torch_compile, self.device),
             **self._groups(),
         )
         self.tokenizer = load_tokenizer(

@@ -11,7 +11,7 @@ from rlflow.protocol import DataProto
 from rlflow.rollout.base import logprob_temperature
 from rlflow.single_controller import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from rlflow.workers.base import RoleWorker
-from rlflow.workers.role_setup import ref_layout
+from rlflow.workers.role_setup import ref_layout, resolve_torch_compile
 
 __all__ = ["RefWorker"]
 
@@ -42,6 +42,7 @@ class RefWorker(RoleWorker):
             ),
             temperature=logprob_temperature(arr.rollout.temperature),
             use_remove_padding=arr.model.use_remove_padding,
+            torch_compile=resolve_torch_compile(ref.use_torch_compile, self.device),
             **self._groups(),
         )
 

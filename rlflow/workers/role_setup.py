@@ -36,6 +36,7 @@ __all__ = [
     "model_path",
     "peak_memory_metrics",
     "ref_layout",
+    "resolve_torch_compile",
     "setup_role_parallel",
     "timed_call",
     "tokenizer_path",
@@ -117,6 +118,13 @@ class RoleParallel:
     dp_group: Any
     sp_group: Any
     sync_group: Any
+
+
+def resolve_torch_compile(use_torch_compile: bool | None, device: torch.device) -> bool:
+    """A role's ``use_torch_compile``: as set, or (null) on CUDA only, where verl compiles by default; on
+    CPU inductor's C++ build (~20 s per process, once) outweighs what the fused kernels save on small
+    vocabularies."""
+    return device.type == "cuda" if use_torch_compile is None else bool(use_torch_compile)
 
 
 def setup_role_parallel(world_size: int, layout: RoleLayout, hf_config: Any) -> RoleParallel:
