@@ -35,6 +35,7 @@ __all__ = [
     "RolloutCorrection",
     "compute_rollout_correction",
     "correct_rollout_batch",
+    "correction_settings",
 ]
 
 IS_LEVELS = ("token", "sequence")
@@ -190,6 +191,19 @@ def compute_rollout_correction(
     return RolloutCorrection(weights=weights, keep_mask=keep, metrics=metrics)
 
 
+def correction_settings(config: Any) -> dict[str, Any]:
+    """The weight / rejection / veto keyword arguments of `compute_rollout_correction` (and of
+    `rlflow.algos.reinforce_loss.compute_policy_loss_reinforce`) from ``algorithm.rollout_correction``."""
+    return {
+        "rollout_is": config.rollout_is,
+        "rollout_is_threshold": float(config.rollout_is_threshold),
+        "rollout_rs": config.rollout_rs,
+        "rollout_rs_threshold": config.rollout_rs_threshold,
+        "rollout_rs_threshold_lower": config.rollout_rs_threshold_lower,
+        "rollout_token_veto_threshold": config.rollout_token_veto_threshold,
+    }
+
+
 def correct_rollout_batch(batch: DataProto, config: Any) -> dict[str, float]:
     """`compute_rollout_correction` on a step's batch: adds ``rollout_is_weights`` and ``rollout_rs_mask``
     (read by the actor's update only) and returns the ``rollout_corr/*`` metrics.
@@ -204,13 +218,8 @@ def correct_rollout_batch(batch: DataProto, config: Any) -> dict[str, float]:
         tensors["old_log_probs"],
         tensors["rollout_log_probs"],
         tensors["response_mask"],
-        rollout_is=config.rollout_is,
-        rollout_is_threshold=float(config.rollout_is_threshold),
         rollout_is_batch_normalize=bool(config.rollout_is_batch_normalize),
-        rollout_rs=config.rollout_rs,
-        rollout_rs_threshold=config.rollout_rs_threshold,
-        rollout_rs_threshold_lower=config.rollout_rs_threshold_lower,
-        rollout_token_veto_threshold=config.rollout_token_veto_threshold,
+        **correction_settings(config),
     )
     if out.weights is not None:
         tensors["rollout_is_weights"] = out.weights

@@ -19,6 +19,7 @@ from rlflow.algos.kl import compute_kl_loss
 from rlflow.algos.losses import agg_loss, compute_rollout_is_weights, get_policy_loss_fn
 from rlflow.algos.policy_loss_call import PolicyLossCall
 from rlflow.algos.reinforce_loss import compute_policy_loss_reinforce
+from rlflow.algos.rollout_correction import correction_settings
 from rlflow.engine.batching import MicroBatchSpec, UpdateSpec
 from rlflow.engine.ppo_loop import (
     FORWARD_KEYS,
@@ -275,19 +276,13 @@ class DataParallelPPOActor:
         self, mb: Any, log_probs: torch.Tensor, mode: str, norm: dict[str, Any], acc: MetricAccumulator
     ) -> torch.Tensor:
         """``use_policy_gradient``'s loss of one micro-batch; its metrics go to ``acc`` with their weights."""
-        rc = self.reinforce
         pg_loss, metrics = compute_policy_loss_reinforce(
             mb["rollout_log_probs"],
             log_probs,
             mb["advantages"],
             mb["response_mask"],
             mode,
-            rollout_is=rc.rollout_is,
-            rollout_is_threshold=float(rc.rollout_is_threshold),
-            rollout_rs=rc.rollout_rs,
-            rollout_rs_threshold=rc.rollout_rs_threshold,
-            rollout_rs_threshold_lower=rc.rollout_rs_threshold_lower,
-            rollout_token_veto_threshold=rc.rollout_token_veto_threshold,
+            **correction_settings(self.reinforce),
             **norm,
         )
         for key, (value, weight) in metrics.items():
