@@ -52,6 +52,7 @@ from rlflow.config.rollout_checks import ROLLOUT_NAMES, check_rollout
 from rlflow.config.schema import PPOTrainerConfig
 from rlflow.config.suggest import schema_keys
 from rlflow.config.trainer_checks import check_trainer
+from rlflow.config.verl_unsupported import MEGATRON_ADVICE
 from rlflow.data.tasks import TASKS
 from rlflow.models.loader import ATTN_IMPLEMENTATIONS
 from rlflow.reward.custom import load_custom_reward_fn
@@ -248,6 +249,13 @@ FUSED_KERNEL_BACKENDS = ("torch",)
 """``actor_rollout_ref.model.fused_kernel_options.impl_backend`` values (`rlflow.models.fused_head`)."""
 
 
+def _strategy(cfg: DictConfig, key: str) -> str:
+    """A role's ``strategy``, one of `STRATEGIES`; verl's ``megatron`` is refused with what to do."""
+    if value_at(cfg, key) == "megatron":
+        raise ValueError(f"{key}=megatron: {MEGATRON_ADVICE}")
+    return choice(cfg, key, STRATEGIES)
+
+
 def _check_fused_kernels(cfg: DictConfig) -> None:
     flag(cfg, f"{MODEL}.use_fused_kernels")
     backend = value_at(cfg, f"{MODEL}.fused_kernel_options.impl_backend")
@@ -268,7 +276,7 @@ def _check_actor(cfg: DictConfig) -> None:
         )
     _check_model(cfg, MODEL)
     _check_fused_kernels(cfg)
-    choice(cfg, f"{ACTOR}.strategy", STRATEGIES)
+    _strategy(cfg, f"{ACTOR}.strategy")
     choice(
         cfg,
         f"{ACTOR}.loss_agg_mode",
@@ -318,7 +326,7 @@ def _check_critic(cfg: DictConfig) -> None:
             raise ValueError(f"trainer.critic_warmup={value_at(cfg, 'trainer.critic_warmup')} needs a critic")
         return
     _check_model(cfg, "critic.model")
-    choice(cfg, "critic.strategy", STRATEGIES)
+    _strategy(cfg, "critic.strategy")
     choice(
         cfg,
         "critic.loss_agg_mode",

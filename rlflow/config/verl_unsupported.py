@@ -7,7 +7,7 @@ section above it (``actor_rollout_ref.rollout.engine_kwargs`` covers ``...engine
 
 from __future__ import annotations
 
-__all__ = ["VERL_UNSUPPORTED", "unsupported_advice"]
+__all__ = ["MEGATRON_ADVICE", "VERL_UNSUPPORTED", "unsupported_advice"]
 
 _TRTLLM = (
     "a TensorRT-LLM / SGLang engine option: rlflow's rollout engines are hf and vllm "
@@ -17,6 +17,11 @@ _TRTLLM = (
 _QUANTIZED = (
     "a quantized rollout engine (vLLM with fp8 / torchao weights) is not supported: drop the key; the rollout "
     "computes in actor_rollout_ref.rollout.dtype (null = the actor's precision)"
+)
+MEGATRON_ADVICE = (
+    "rlflow has no Megatron-LM backend (tensor / pipeline / expert parallelism inside a layer): drop the "
+    "megatron.* keys and run strategy=fsdp2 (or fsdp), which shards parameters, gradients and optimizer "
+    "state over the data-parallel ranks; long sequences split with ulysses_sequence_parallel_size"
 )
 _LORA = "LoRA adapters are not supported (rlflow trains every weight): drop the LoRA keys, or train a smaller model"
 
@@ -40,6 +45,10 @@ VERL_UNSUPPORTED: dict[str, str] = {
     "actor_rollout_ref.model.lora_rank": _LORA,
     "actor_rollout_ref.model.lora_alpha": _LORA,
     "actor_rollout_ref.model.target_modules": _LORA,
+    **{
+        f"{role}.megatron": MEGATRON_ADVICE
+        for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")
+    },
     "actor_rollout_ref.rollout.load_format": (
         "vLLM's weight-loading format (safetensors / dummy / layered summon for LoRA): rlflow's vLLM engine "
         "starts from the model path and then receives the actor's weights each step; drop the key"

@@ -46,11 +46,25 @@ def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, me
             "reward_model.sandbox_fusion_url: verl's SandboxFusion",
         ),
         ("actor_rollout_ref.model.lora_rank=32", "LoRA adapters are not supported"),
+        (
+            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size: rlflow has no Megatron-LM backend",
+        ),
+        ("critic.megatron.pipeline_model_parallel_size=2", "drop the megatron.* keys and run strategy=fsdp2"),
     ],
 )
 def test_verl_keys_rlflow_lacks_are_refused_with_what_to_do(override: str, message: str):
     with pytest.raises(ValueError, match=re.escape(message)):
         load_config([override], config_name="demo")
+
+
+@pytest.mark.parametrize("role", ["actor_rollout_ref.actor", "critic"])
+def test_megatron_strategy_is_refused_with_what_to_do(role: str):
+    from rlflow.trainer.main_ppo import prepare_config
+
+    cfg = load_config([f"{role}.strategy=megatron"], config_name="demo")
+    with pytest.raises(ValueError, match=re.escape(f"{role}.strategy=megatron: rlflow has no Megatron-LM")):
+        prepare_config(cfg, build_warm_start=False)
 
 
 def test_override_key_check_lets_valid_forms_through():
