@@ -12,7 +12,8 @@ verl                                        rlflow
 ``reward_model.model_path``                 ``reward_model.model.path``
 ``reward_model.rollout.*`` (older verl)     ``reward_model.inference.*``
 ``ray_kwargs.ray_init.*`` (newer verl)      ``ray_init.*``
-``*.model.use_rmpad`` (older verl)          ``*.model.use_remove_padding`` (actor, critic)
+``*.model.use_rmpad`` (older verl)          ``*.model.use_remove_padding`` (actor, critic,
+                                            reward model)
 ``rollout.checkpoint_engine.update_weights  ``rollout.update_weights_bucket_megabytes``
 _bucket_megabytes`` (newer verl)            (both under ``actor_rollout_ref``)
 ``actor_rollout_ref.actor.use_gpg_loss``    ``true``: ``actor.policy_loss.loss_mode=gpg``;
@@ -60,6 +61,7 @@ KEY_ALIASES: dict[str, str] = {
     "algorithm.in_reward_kl.kl_ctrl": "algorithm.kl_ctrl",
     "actor_rollout_ref.model.use_rmpad": "actor_rollout_ref.model.use_remove_padding",
     "critic.model.use_rmpad": "critic.model.use_remove_padding",
+    "reward_model.model.use_rmpad": "reward_model.model.use_remove_padding",
     "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": (
         "actor_rollout_ref.rollout.update_weights_bucket_megabytes"
     ),

@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rlflow.config.checks import at_least, choice, flag, number, value_at
 
-__all__ = ["ROLLOUT_MODES", "ROLLOUT_NAMES", "check_rollout"]
+__all__ = ["ROLLOUT_MODES", "ROLLOUT_NAMES", "VLLM_ENGINE_KWARGS_OWNED", "check_rollout"]
+
+VLLM_ENGINE_KWARGS_OWNED: dict[str, str] = {
+    "model": "actor_rollout_ref.model.path",
+    "tensor_parallel_size": "actor_rollout_ref.rollout.tensor_model_parallel_size",
+    "dtype": "actor_rollout_ref.rollout.dtype",
+    "gpu_memory_utilization": "actor_rollout_ref.rollout.gpu_memory_utilization",
+    "enforce_eager": "actor_rollout_ref.rollout.enforce_eager",
+    "max_model_len": "actor_rollout_ref.rollout.max_model_len",
+    "max_num_seqs": "actor_rollout_ref.rollout.max_num_seqs",
+    "max_num_batched_tokens": "actor_rollout_ref.rollout.max_num_batched_tokens",
+    "enable_chunked_prefill": "actor_rollout_ref.rollout.enable_chunked_prefill",
+    "enable_sleep_mode": "actor_rollout_ref.rollout.free_cache_engine",
+    "seed": "actor_rollout_ref.rollout.seed",
+    "load_format": "nothing: the engine starts with dummy weights and receives the actor's every step",
+    "skip_tokenizer_init": "nothing: the engine gets token ids and returns token ids",
+    "logprobs_mode": "nothing: rollout log-probs are of the processed (temperature-scaled) distribution",
+}
+"""``vllm.LLM`` arguments rlflow sets itself -> the key that sets them (``engine_kwargs.vllm`` may not)."""
 
 ROLLOUT = "actor_rollout_ref.rollout"
 
@@ -57,6 +75,7 @@ def check_rollout(cfg: DictConfig) -> None:
             "does not have; only verl's default 'hermes' (which single-turn scripts pass) is accepted — drop "
             "the key"
         )
+    _check_engine_kwargs(cfg)
     _check_sampling(cfg, ROLLOUT)
     _check_sampling(cfg, f"{ROLLOUT}.val_kwargs")
     prompt_length = at_least(cfg, f"{ROLLOUT}.prompt_length", 1)
@@ -103,3 +122,15 @@ def _check_vllm(cfg: DictConfig, tp: int) -> None:
             "renormalised distribution, not the trainer's log_softmax(logits / temperature); turn top_k/top_p "
             f"off or set {ROLLOUT}.name=hf"
         )
+
+
+def _check_engine_kwargs(cfg: DictConfig) -> None:
+    """``engine_kwargs.vllm`` may not set what rlflow's own keys set (the engines warn about the sections
+    they do not read: `rlflow.rollout.base.warn_unread_engine_kwargs`)."""
+    vllm = OmegaConf.to_container(value_at(cfg, f"{ROLLOUT}.engine_kwargs.vllm"), resolve=True) or {}
+    for key in vllm:
+        if key in VLLM_ENGINE_KWARGS_OWNED:
+            raise ValueError(
+                f"{ROLLOUT}.engine_kwargs.vllm.{key}: rlflow sets vllm.LLM's {key!r} itself; set "
+                f"{VLLM_ENGINE_KWARGS_OWNED[key]} instead"
+            )

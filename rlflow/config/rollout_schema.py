@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlflow.config.interpolation import II
 
-__all__ = ["MultiTurnSection", "RolloutSection", "ValKwargsSection"]
+__all__ = ["EngineKwargsSection", "MultiTurnSection", "RolloutSection", "ValKwargsSection"]
 
 
 @dataclass
@@ -42,6 +43,23 @@ class MultiTurnSection:
 
     enable: bool = False
     format: str = "hermes"
+
+
+@dataclass
+class EngineKwargsSection:
+    """``actor_rollout_ref.rollout.engine_kwargs``: extra keyword arguments of the rollout engine, one
+    free-form section per engine (verl's layout); only the running engine's section is read.
+
+    Attributes:
+        vllm: passed to ``vllm.LLM`` with ``rollout.name=vllm`` (`rlflow.rollout.vllm.vllm_engine_kwargs`);
+            the keys rlflow sets from its own rollout keys, or needs for the weight sync, are refused.
+            With ``name=hf`` nothing reads them (a warning says so).
+        sglang: verl's SGLang options; rlflow has no SGLang engine (``name=sglang`` is refused), so they
+            are accepted for ported scripts and ignored, with a warning.
+    """
+
+    vllm: dict[str, Any] = field(default_factory=dict)
+    sglang: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -87,6 +105,7 @@ class RolloutSection:
         update_weights_bucket_megabytes: bringing the actor's weights into the engine (hf replica, vllm)
             all-gathers them in buckets of at most this many MiB, one collective per bucket; peak extra
             memory about two buckets (verl's key, also spelled ``checkpoint_engine.<key>``).
+        engine_kwargs: per-engine extra options (`EngineKwargsSection`).
         profile_ranks / profile_ranks_all / profile_discrete: as the actor's, for ``generate_sequences``.
     """
 
@@ -120,6 +139,7 @@ class RolloutSection:
     ignore_eos: bool = False
     min_tokens: int = 0
     update_weights_bucket_megabytes: int = 512
+    engine_kwargs: EngineKwargsSection = field(default_factory=EngineKwargsSection)
     profile_ranks: list[int] | None = None
     profile_ranks_all: bool = False
     profile_discrete: bool = False

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlflow.config.interpolation import II
-from rlflow.config.rollout_schema import RolloutSection, ValKwargsSection
+from rlflow.config.rollout_schema import EngineKwargsSection, RolloutSection, ValKwargsSection
 from rlflow.config.trainer_schema import RayInitConfig, TrainerConfig
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "CriticModelConfig",
     "CustomFunctionConfig",
     "DataConfig",
+    "EngineKwargsSection",
     "FSDPConfig",
     "KLCtrlConfig",
     "MixedPrecisionSection",

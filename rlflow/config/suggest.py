@@ -80,9 +80,12 @@ def drop_append_on_known_keys(overrides: Iterable[str], schema: type) -> list[st
     config. An item is already at ..."). verl scripts written before verl added a key (``+trainer.
     val_before_train=False``) pass it with ``+``; rlflow's schema has the key, so the override means the
     plain assignment. Keys under free-form sections (``override_config``, ``reward_kwargs``) keep their
-    ``+``: there it adds a new entry.
+    ``+``: there it adds a new entry. The other way round, a plain ``key=value`` under a free-form section
+    becomes ``++key=value`` (add or replace): Hydra refuses to assign an entry the mapping does not have
+    yet, and verl declares some such entries in its own YAML (``rollout.engine_kwargs.vllm.*``), so its
+    scripts set them without ``+``.
     """
-    keys, _ = schema_keys(schema)
+    keys, open_sections = schema_keys(schema)
     out = []
     for item in overrides:
         if item.startswith("+") and not item.startswith("++") and "=" in item:
@@ -90,6 +93,11 @@ def drop_append_on_known_keys(overrides: Iterable[str], schema: type) -> list[st
             if key in keys:
                 logger.info("'+%s': the key exists in rlflow's config; applied as %s=...", key, key)
                 item = item[1:]
+        elif item[:1] not in ("+", "~", "-") and "=" in item:
+            key = item.split("=", 1)[0].strip()
+            parts = key.split(".")
+            if key not in keys and any(".".join(parts[:i]) in open_sections for i in range(1, len(parts))):
+                item = "++" + item
         out.append(item)
     return out
 

@@ -2,7 +2,7 @@
 
 An unknown key gets "did you mean"; a key that verl has and rlflow deliberately lacks gets this advice
 instead, so a ported script fails with the reason and the replacement. Matching is by the key or any
-section above it (``actor_rollout_ref.rollout.engine_kwargs`` covers ``...engine_kwargs.trtllm.x``).
+section above it (``actor_rollout_ref.rollout.engine_kwargs.trtllm`` covers ``...engine_kwargs.trtllm.x``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 __all__ = ["MEGATRON_ADVICE", "VERL_UNSUPPORTED", "unsupported_advice"]
 
 _TRTLLM = (
-    "a TensorRT-LLM / SGLang engine option: rlflow's rollout engines are hf and vllm "
+    "a TensorRT-LLM engine option: rlflow's rollout engines are hf and vllm "
     "(actor_rollout_ref.rollout.name); vLLM's batch limits are rollout.max_num_seqs and "
     "rollout.max_num_batched_tokens. Drop the key"
 )
@@ -33,7 +33,7 @@ VERL_UNSUPPORTED: dict[str, str] = {
     "actor_rollout_ref.rollout.quantization": _QUANTIZED,
     "actor_rollout_ref.rollout.quantization_config_file": _QUANTIZED,
     "actor_rollout_ref.rollout.max_batch_size": _TRTLLM,
-    "actor_rollout_ref.rollout.engine_kwargs": _TRTLLM,
+    "actor_rollout_ref.rollout.engine_kwargs.trtllm": _TRTLLM,
     "reward_model.sandbox_fusion_url": (
         "verl's SandboxFusion code-execution service (with reward_manager=prime): rlflow has no sandbox client; "
         "score code with a custom_reward_function (custom_reward_function.path / name) that calls your sandbox"

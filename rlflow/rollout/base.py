@@ -20,6 +20,7 @@ Output keys (``bs`` prompts, ``n`` samples each, rows interleaved: prompt 0 samp
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,7 +41,10 @@ __all__ = [
     "build_rollout_output",
     "logprob_temperature",
     "resolve_sampling_params",
+    "warn_unread_engine_kwargs",
 ]
+
+logger = logging.getLogger(__name__)
 
 ROLLOUT_KEY = "actor_rollout_ref.rollout"
 """Config path of the rollout section (used in error messages)."""
@@ -214,6 +218,22 @@ def build_rollout_output(
     return DataProto.from_dict(
         tensors=tensors, non_tensors=dict(prompts.non_tensor_batch), meta_info=dict(prompts.meta_info)
     )
+
+
+def warn_unread_engine_kwargs(config: Any, engine: str) -> None:
+    """Warn about the ``rollout.engine_kwargs`` sections the ``engine`` (``"hf"``, ``"vllm"``) does not read:
+    every section but its own (rlflow has no SGLang engine, so ``sglang`` is never read)."""
+    sections = config.engine_kwargs
+    for name in ("vllm", "sglang"):
+        options = dict(getattr(sections, name))
+        if options and name != engine:
+            logger.warning(
+                "actor_rollout_ref.rollout.engine_kwargs.%s.{%s}: %s options, not read by the %s engine",
+                name,
+                ",".join(sorted(options)),
+                "vLLM" if name == "vllm" else "SGLang",
+                engine,
+            )
 
 
 class BaseRollout(ABC):

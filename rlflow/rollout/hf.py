@@ -50,6 +50,7 @@ from rlflow.rollout.base import (
     build_rollout_output,
     normalize_token_ids,
     resolve_sampling_params,
+    warn_unread_engine_kwargs,
 )
 from rlflow.rollout.kv_cache import PreallocatedCache, supports_preallocated_cache
 from rlflow.rollout.sampling import row_keys, sample_next_token
@@ -339,6 +340,7 @@ class HFRollout(BaseRollout):
         self.sharded = _is_sharded(module)
         self.replica: nn.Module | None = None
         self._num_calls = 0
+        warn_unread_engine_kwargs(config, "hf")
 
     # ---- special tokens -----------------------------------------------------------------------------
 

@@ -47,6 +47,7 @@ from rlflow.rollout.base import (
     build_rollout_output,
     normalize_token_ids,
     resolve_sampling_params,
+    warn_unread_engine_kwargs,
 )
 from rlflow.rollout.sampling import row_keys
 from rlflow.utils.dtypes import to_torch_dtype
@@ -89,7 +90,7 @@ def vllm_engine_kwargs(
         compute_dtype: the actor's compute dtype (used when ``config.dtype`` is null).
 
     Returns:
-        A dict for ``vllm.LLM(**kwargs)``.
+        A dict for ``vllm.LLM(**kwargs)``: rlflow's keys, then ``config.engine_kwargs.vllm``.
     """
     return {
         "model": model_path,
@@ -106,6 +107,7 @@ def vllm_engine_kwargs(
         "skip_tokenizer_init": True,
         "logprobs_mode": "processed_logprobs",
         "seed": config.seed,
+        **dict(config.engine_kwargs.vllm),  # validated: none of the keys above (rlflow.config.rollout_checks)
     }
 
 
@@ -177,6 +179,7 @@ class VLLMRollout(BaseRollout):
         self.tokenizer = tokenizer
         self.dp_rank = get_rank() if dp_rank is None else dp_rank
         os.environ[IN_PROCESS_ENV] = "0"  # the engine's model in this process: weights load directly
+        warn_unread_engine_kwargs(config, "vllm")
         self.engine = vllm.LLM(**vllm_engine_kwargs(config, model_path, compute_dtype))
         self._num_calls = 0
         if config.free_cache_engine:

@@ -160,10 +160,12 @@ def test_verl_key_aliases_are_rewritten(tmp_path):
             "ray_kwargs.ray_init.num_cpus=3",
             "trainer.use_legacy_worker_impl=False",
             "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64",
+            "reward_model.model.use_rmpad=False",
         ],
         config_name="demo",
     )
     assert cfg.actor_rollout_ref.rollout.update_weights_bucket_megabytes == 64
+    assert cfg.reward_model.model.use_remove_padding is False
     assert cfg.critic.fsdp_config.param_offload is True and cfg.reward_model.inference.prompt_length == 64
     assert cfg.reward_model.model.path == "/rm" and cfg.ray_init.num_cpus == 3
     assert rewrite_overrides(["critic.fsdp_config.fsdp_size=2"]) == ["critic.fsdp_config.fsdp_size=2"]

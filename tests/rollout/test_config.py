@@ -141,3 +141,44 @@ def test_vllm_engine_kwargs_mapping():
     assert vllm_dtype(None, None) == "auto"
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.dtype"):
         vllm_dtype("int8")
+
+
+def test_engine_kwargs_vllm_reach_the_engine_and_cannot_replace_rlflows_own(caplog):
+    """verl's ``rollout.engine_kwargs.<engine>.*``: the vLLM section goes to ``vllm.LLM`` (plain or ``+``
+    overrides, as verl's scripts pass them); what rlflow sets from its own keys is refused naming that key;
+    the sections the running engine does not read (vllm under hf, sglang always) get a warning."""
+    from rlflow.config import load_config, to_typed
+    from rlflow.rollout.vllm import vllm_engine_kwargs
+    from rlflow.trainer.main_ppo import prepare_config
+
+    def typed(*overrides: str):
+        return to_typed(
+            prepare_config(load_config(list(overrides), config_name="demo"), build_warm_start=False)
+        )
+
+    cfg = typed(
+        "actor_rollout_ref.rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache=True",
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4",
+        "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=ascend",
+    )
+    kw = vllm_engine_kwargs(cfg.actor_rollout_ref.rollout, "/models/tiny")
+    assert kw["disable_mm_preprocessor_cache"] is True and kw["swap_space"] == 4
+    assert kw["load_format"] == "dummy" and kw["model"] == "/models/tiny"
+    HFRollout(tiny_model(), cfg.actor_rollout_ref.rollout)  # the engine that reads neither section says so
+    assert (
+        "engine_kwargs.vllm.{disable_mm_preprocessor_cache,swap_space}: vLLM options, not read by the hf"
+        in (caplog.text)
+    )
+    assert (
+        "engine_kwargs.sglang.{attention_backend}: SGLang options, not read by the hf engine" in caplog.text
+    )
+    for key, owner in (
+        ("seed", "actor_rollout_ref.rollout.seed"),
+        ("load_format", "the engine starts with dummy"),
+    ):
+        with pytest.raises(
+            ValueError, match=rf"engine_kwargs\.vllm\.{key}: rlflow sets vllm\.LLM's '{key}'.*{owner}"
+        ):
+            typed(f"actor_rollout_ref.rollout.engine_kwargs.vllm.{key}=1")
+    with pytest.raises(ValueError, match=r"engine_kwargs\.trtllm\.batch_wait_timeout_iters: a TensorRT-LLM"):
+        typed("actor_rollout_ref.rollout.engine_kwargs.trtllm.batch_wait_timeout_iters=32")
