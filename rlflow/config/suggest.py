@@ -73,6 +73,12 @@ def _override_key(item: str) -> str | None:
     return None if key == "hydra" or key.startswith("hydra.") else key
 
 
+def _under_open_section(key: str, open_sections: frozenset[str]) -> bool:
+    """Whether ``key`` lies inside one of the free-form sections (an entry of a ``dict`` field)."""
+    parts = key.split(".")
+    return any(".".join(parts[:i]) in open_sections for i in range(1, len(parts)))
+
+
 def drop_append_on_known_keys(overrides: Iterable[str], schema: type) -> list[str]:
     """``+key=value`` for a key the schema already has becomes ``key=value`` (logged once per key).
 
@@ -95,8 +101,7 @@ def drop_append_on_known_keys(overrides: Iterable[str], schema: type) -> list[st
                 item = item[1:]
         elif item[:1] not in ("+", "~", "-") and "=" in item:
             key = item.split("=", 1)[0].strip()
-            parts = key.split(".")
-            if key not in keys and any(".".join(parts[:i]) in open_sections for i in range(1, len(parts))):
+            if key not in keys and _under_open_section(key, open_sections):
                 item = "++" + item
         out.append(item)
     return out
@@ -124,8 +129,7 @@ def check_override_keys(overrides: Iterable[str], schema: type, doc: str = "docs
                 continue
         if key is None or key in keys:
             continue
-        parts = key.split(".")
-        if any(".".join(parts[:i]) in open_sections for i in range(1, len(parts))):
+        if _under_open_section(key, open_sections):
             continue
         advice = unsupported_advice(key)
         if advice is not None:
