@@ -16,6 +16,8 @@ profiler.tool``)                                    with steps set, and ``nsys``
 ``global_profiler.profile_continuous_steps``        ``false`` only (one trace per profiled step)
 ``<role>.profiler.enable=true`` with ``ranks=[...]``  ``<role>.profile_ranks=[...]``
 ``<role>.profiler.enable=true`` with ``all_ranks``    ``<role>.profile_ranks_all=true``
+``<role>.profiler.discrete``                        ``<role>.profile_discrete`` (one trace per worker
+                                                    call instead of one per step)
 ``actor_rollout_ref.actor.profiler.*``              also the rollout's (verl's rollout profiler follows
                                                     the actor's, key by key, unless set itself)
 ``<role>.profiler.save_path``                       as ``global_profiler.save_path`` (one folder)
@@ -61,6 +63,7 @@ _ROLE_KEYS = (
     "enable",
     "ranks",
     "all_ranks",
+    "discrete",
     "save_path",
     "tool_config.torch.step_start",
     "tool_config.torch.step_end",
@@ -133,7 +136,7 @@ def _translate(found: dict[str, dict[str, tuple[str, str]]]) -> list[str]:
                     f"{', '.join(_GLOBAL_KEYS)}, global_tool_config.*; <role>.profiler: {', '.join(_ROLE_KEYS)}, "
                     "tool_config.{nsys,npu,torch_memory}.*)"
                 )
-            if sub in ("tool", "enable", "ranks", "all_ranks"):
+            if sub in ("tool", "enable", "ranks", "all_ranks", "discrete"):
                 continue
             if sub == "steps":
                 if unquote(value).lower() in _NULL:
@@ -199,12 +202,17 @@ def _role_overrides(role: str, entries: dict[str, tuple[str, str]]) -> list[str]
             f"{enable_key}={enable_value}: rlflow does not profile the reward-model group; profile the "
             "actor, rollout, ref or critic"
         )
+    discrete = (
+        [f"{role}.profile_discrete=true"]
+        if "discrete" in entries and parse_bool(*entries["discrete"])
+        else []
+    )
     if "all_ranks" in entries and parse_bool(*entries["all_ranks"]):
-        return [f"{role}.profile_ranks_all=true"]
+        return [f"{role}.profile_ranks_all=true", *discrete]
     ranks = entries.get("ranks")
     if ranks is None or unquote(ranks[1]).replace(" ", "") in ("[]", *_NULL):
         raise ValueError(
             f"{enable_key}=true profiles no rank: set {role}.profiler.ranks=[0,...] or "
             f"{role}.profiler.all_ranks=true"
         )
-    return [f"{role}.profile_ranks={ranks[1]}"]
+    return [f"{role}.profile_ranks={ranks[1]}", *discrete]

@@ -95,6 +95,14 @@ def check_rollout(cfg: DictConfig) -> None:
             f"{value_at(cfg, f'{ROLLOUT}.response_length')}"
         )
     tp = at_least(cfg, f"{ROLLOUT}.tensor_model_parallel_size", 1)
+    for key, why in (
+        ("data_parallel_size", "each actor rank runs its own engine, so the rollout is data-parallel over "
+         "the actor's ranks already"),
+        ("expert_parallel_size", "rlflow shards models with FSDP only and spreads no experts"),
+    ):  # fmt: skip
+        size = at_least(cfg, f"{ROLLOUT}.{key}", 1)
+        if size != 1:
+            raise ValueError(f"{ROLLOUT}.{key}={size}: {why}; set it to 1 (or drop the key)")
     if value_at(cfg, f"{ROLLOUT}.name") == "vllm":
         _check_vllm(cfg, tp)
     value = number(cfg, f"{ROLLOUT}.gpu_memory_utilization")

@@ -94,6 +94,9 @@ class RolloutSection:
             memory for the next one; vllm: sleep the engine between calls.
         dtype: dtype of the generation replica / vLLM engine; None = the actor's parameter dtype.
         tensor_model_parallel_size: vllm: tensor-parallel size of the engine.
+        data_parallel_size / expert_parallel_size: verl's engine-internal data / expert parallelism;
+            1 only (each actor rank runs its own engine, so the rollout is data-parallel over the
+            actor's ranks already; the models rlflow trains have no experts to spread).
         gpu_memory_utilization: vllm: fraction of GPU memory the engine may take.
         enforce_eager: vllm: disable CUDA graphs.
         max_num_batched_tokens: vllm: scheduler token budget per step.
@@ -130,6 +133,8 @@ class RolloutSection:
     free_cache_engine: bool = True
     dtype: str | None = None
     tensor_model_parallel_size: int = 1
+    data_parallel_size: int = 1
+    expert_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
     enforce_eager: bool = True
     max_num_batched_tokens: int = 8192

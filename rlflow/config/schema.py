@@ -82,6 +82,9 @@ class DataConfig:
         filter_overlong_prompts: drop (count and log) prompts longer than ``max_prompt_length``.
         truncation: what to do with an overlong prompt that is not filtered: error | left | right | middle.
         dataloader_num_workers: worker processes of the data loaders.
+        image_key / video_key: the columns verl's multimodal datasets keep images / videos in. rlflow
+            trains text-only models: a row with a non-empty value there is refused, naming the file and
+            row (the text would otherwise be trained on without its images).
     """
 
     tokenizer: str | None = None
@@ -103,6 +106,8 @@ class DataConfig:
     filter_overlong_prompts: bool = False
     truncation: str = "error"
     dataloader_num_workers: int = 8
+    image_key: str = "images"
+    video_key: str = "videos"
 
 
 @dataclass
@@ -207,6 +212,8 @@ class FSDPConfig:
     Attributes:
         fsdp_size: ranks one parameter is sharded over; -1 = the whole role; smaller = hybrid (HSDP).
         reshard_after_forward: free gathered weights after forward (ZeRO-3) or keep them (ZeRO-2).
+        forward_prefetch: gather the next decoder layer's weights as a layer starts its forward
+            (overlaps communication with compute; one more layer's weights held).
         grad_offload: older verl's gradient offload; gradients stay with their shards (false; true refused).
     """
 
@@ -215,6 +222,7 @@ class FSDPConfig:
     optimizer_offload: bool = False
     grad_offload: bool = False
     reshard_after_forward: bool = True
+    forward_prefetch: bool = False
     mixed_precision: MixedPrecisionSection = field(default_factory=MixedPrecisionSection)
 
 
@@ -324,9 +332,12 @@ class ActorRolloutRefConfig:
     Attributes:
         hybrid_engine: verl's switch for the actor and its rollout engine sharing one process and the
             weights; rlflow always runs them that way (true; false is refused).
+        nccl_timeout: seconds a collective of the actor's or the reference's process group may wait
+            before it fails (NCCL on GPU, gloo on CPU), as in verl.
     """
 
     hybrid_engine: bool = True
+    nccl_timeout: float = 600
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)
@@ -362,6 +373,7 @@ class CriticConfig:
         ppo_micro_batch_size: verl's deprecated global form of ``ppo_micro_batch_size_per_gpu``
             (`rlflow.config.global_sizes`).
         forward_micro_batch_size: the same for ``forward_micro_batch_size_per_gpu``.
+        nccl_timeout: seconds a collective of the critic's process group may wait (default: the actor's).
         profile_ranks / profile_ranks_all / profile_discrete: as the actor's.
     """
 
@@ -386,6 +398,7 @@ class CriticConfig:
     loss_agg_mode: str = II("actor_rollout_ref.actor.loss_agg_mode")
     ulysses_sequence_parallel_size: int = 1
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    nccl_timeout: float = II("actor_rollout_ref.nccl_timeout")
     profile_ranks: list[int] | None = None
     profile_ranks_all: bool = False
     profile_discrete: bool = False

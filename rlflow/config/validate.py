@@ -274,6 +274,7 @@ def _check_actor(cfg: DictConfig) -> None:
             "and generates with the actor's weights (verl's hybrid engine); a separate rollout group is not "
             "supported — drop the key"
         )
+    positive(cfg, "actor_rollout_ref.nccl_timeout")
     _check_model(cfg, MODEL)
     _check_fused_kernels(cfg)
     _strategy(cfg, f"{ACTOR}.strategy")
@@ -334,6 +335,7 @@ def _check_critic(cfg: DictConfig) -> None:
     )
     positive(cfg, "critic.cliprange_value")
     positive(cfg, "critic.grad_clip")
+    positive(cfg, "critic.nccl_timeout")
     at_least(cfg, "critic.ppo_epochs", 1)
     _check_optim(cfg, "critic.optim")
     _check_fsdp(cfg, "critic.fsdp_config")

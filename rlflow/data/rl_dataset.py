@@ -164,6 +164,17 @@ class RLHFDataset(Dataset):
         except Exception as exc:
             raise ValueError(f"{where}: apply_chat_template failed: {type(exc).__name__}: {exc}") from exc
 
+    def _check_text_only(self, data: dict[str, Any], file: str, row: int) -> None:
+        for what, name in (("images", "image_key"), ("videos", "video_key")):
+            column = getattr(self.config, name)
+            value = data.get(column)
+            if value is not None and not (hasattr(value, "__len__") and len(value) == 0):
+                raise ValueError(
+                    f"{_where(file, row, column)}: the row has {what} (column data.{name}={column!r}); rlflow "
+                    "trains text-only models and has no multimodal processor: drop the column, or give prompts "
+                    "without images"
+                )
+
     def _columns(self, entries: list[tuple[str, int, dict[str, Any]]]) -> list[str]:
         """All non-prompt columns; rows lacking one get None for it (logged once per file and column)."""
         columns = sorted({c for _, _, data in entries for c in data} - {self.config.prompt_key})
@@ -184,6 +195,7 @@ class RLHFDataset(Dataset):
         for file, row, data in entries:
             if key not in data or data[key] is None:
                 raise ValueError(f"{_where(file, row)}: missing prompt key {key!r} (columns: {sorted(data)})")
+            self._check_text_only(data, file, row)
             messages.append(_check_messages(data[key], _where(file, row, key)))
             texts.append(self._template(messages[-1], _where(file, row, key)))
         encoded = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []

@@ -33,6 +33,7 @@ so ``cpu_offload=True`` is a no-op that logs one warning.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -171,6 +172,7 @@ def _apply_fsdp2(
     mp: MixedPrecisionDtypes,
     reshard_after_forward: bool,
     offload: bool,
+    forward_prefetch: bool,
 ) -> nn.Module:
     kwargs = {
         "mesh": mesh,
@@ -186,6 +188,9 @@ def _apply_fsdp2(
     for layer in layers:
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
+    if forward_prefetch:  # explicit: layer i's pre-forward issues layer i+1's all-gather too
+        for layer, following in itertools.pairwise(layers):
+            layer.set_modules_to_forward_prefetch([following])
     if _has_meta(model):
         # Meta shards become empty local shards; offloaded shards live on CPU, buffers on the device.
         # FSDPModule._apply re-registers the new shards with FSDP (and keeps tied parameters tied).
@@ -204,6 +209,7 @@ def _apply_fsdp1(
     mp: MixedPrecisionDtypes,
     reshard_after_forward: bool,
     offload: bool,
+    forward_prefetch: bool,
 ) -> nn.Module:
     on_gpu = mesh.device_type == "cuda"
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
@@ -236,6 +242,7 @@ def _apply_fsdp1(
         device_mesh=mesh,
         use_orig_params=True,
         param_init_fn=param_init_fn,
+        forward_prefetch=forward_prefetch,
     )
 
 
@@ -248,6 +255,7 @@ def apply_fsdp(
     cpu_offload: bool = False,
     enable_gradient_checkpointing: bool = False,
     sync_module_states: bool = False,
+    forward_prefetch: bool = False,
 ) -> nn.Module:
     """Shard ``model`` with FSDP2 or FSDP1 over ``parallel_dims.fsdp_mesh``; the only wrapping path.
 
@@ -266,6 +274,9 @@ def apply_fsdp(
         enable_gradient_checkpointing: call HF ``gradient_checkpointing_enable(use_reentrant=False)``.
         sync_module_states: rank 0 holds the real weights and the other ranks a copy (typically on
             ``meta``) of the same architecture; after wrapping every shard equals rank 0's weights.
+        forward_prefetch: issue the next decoder layer's all-gather when a layer starts its forward
+            (FSDP1's ``forward_prefetch``; FSDP2: ``set_modules_to_forward_prefetch``), overlapping it
+            with this layer's compute at the cost of one more layer's gathered weights.
 
     Returns:
         The sharded model (FSDP2: ``model`` itself, now an ``FSDPModule``; FSDP1: the wrapper).
@@ -296,7 +307,7 @@ def apply_fsdp(
     full_state = model.state_dict() if sync_module_states and dist.get_rank() == 0 else {}
     layers = find_decoder_layers(model)
     apply = _apply_fsdp2 if strategy == "fsdp2" else _apply_fsdp1
-    model = apply(model, layers, mesh, mp, reshard_after_forward, offload)
+    model = apply(model, layers, mesh, mp, reshard_after_forward, offload, forward_prefetch)
     if sync_module_states:
         _load_from_rank0(model, full_state)
     return model

@@ -70,6 +70,8 @@ class RoleLayout:
         strategy: fsdp | fsdp2.
         sp_size: Ulysses size.
         fsdp: the ``fsdp_config`` section.
+        timeout_s: the role's process-group timeout in seconds (verl's ``nccl_timeout``; the gloo
+            group's too); None keeps torch's default.
     """
 
     key_prefix: str
@@ -77,6 +79,7 @@ class RoleLayout:
     strategy: str
     sp_size: int
     fsdp: FSDPConfig
+    timeout_s: float | None = None
 
 
 def actor_layout(config: PPOTrainerConfig) -> RoleLayout:
@@ -89,6 +92,7 @@ def actor_layout(config: PPOTrainerConfig) -> RoleLayout:
         actor.strategy,
         actor.ulysses_sequence_parallel_size,
         actor.fsdp_config,
+        float(arr.nccl_timeout),
     )
 
 
@@ -98,7 +102,12 @@ def ref_layout(config: PPOTrainerConfig) -> RoleLayout:
     arr = config.actor_rollout_ref
     fsdp = dataclasses.replace(arr.actor.fsdp_config, param_offload=arr.ref.fsdp_config.param_offload)
     return RoleLayout(
-        "actor_rollout_ref.ref", arr.model, arr.actor.strategy, arr.ref.ulysses_sequence_parallel_size, fsdp
+        "actor_rollout_ref.ref",
+        arr.model,
+        arr.actor.strategy,
+        arr.ref.ulysses_sequence_parallel_size,
+        fsdp,
+        float(arr.nccl_timeout),
     )
 
 
@@ -106,7 +115,12 @@ def critic_layout(config: PPOTrainerConfig) -> RoleLayout:
     """The critic's own layout (``critic`` section)."""
     critic = config.critic
     return RoleLayout(
-        "critic", critic.model, critic.strategy, critic.ulysses_sequence_parallel_size, critic.fsdp_config
+        "critic",
+        critic.model,
+        critic.strategy,
+        critic.ulysses_sequence_parallel_size,
+        critic.fsdp_config,
+        float(critic.nccl_timeout),
     )
 
 
@@ -129,7 +143,7 @@ def resolve_torch_compile(use_torch_compile: bool | None, device: torch.device) 
 
 def setup_role_parallel(world_size: int, layout: RoleLayout, hf_config: Any) -> RoleParallel:
     """Join the role's process group, build its meshes, return the DP/SP groups (collective)."""
-    init_distributed()
+    init_distributed(timeout_s=layout.timeout_s)
     dims = ParallelDims(
         world_size=world_size,
         fsdp_size=int(layout.fsdp.fsdp_size),
@@ -198,6 +212,7 @@ def build_role_module(
         mixed_precision=fsdp.mixed_precision,
         cpu_offload=bool(fsdp.param_offload),
         reshard_after_forward=bool(fsdp.reshard_after_forward),
+        forward_prefetch=bool(fsdp.forward_prefetch),
         enable_gradient_checkpointing=bool(model_cfg.enable_gradient_checkpointing),
     )
 

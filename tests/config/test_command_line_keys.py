@@ -228,3 +228,21 @@ def test_early_verl_kl_sections_set_the_coefficients_and_their_switches():
     assert on.use_kl_in_reward is True and on.kl_ctrl.kl_coef == 0.05
     with pytest.raises(ValueError, match="expected a number"):
         load_config(["algorithm.in_reward_kl.coef=high"], config_name="demo")
+
+
+def test_nccl_timeout_sets_each_roles_process_group_timeout():
+    """verl's ``actor_rollout_ref.nccl_timeout`` (seconds) reaches the actor's and the reference's
+    process groups, and the critic's unless ``critic.nccl_timeout`` is set (the timeout itself reaching
+    ``init_process_group``: tests/parallel/test_spawn.py)."""
+    from rlflow.config.loading import to_typed
+    from rlflow.workers.role_setup import actor_layout, critic_layout, ref_layout
+
+    cfg = load_config(["actor_rollout_ref.nccl_timeout=1200"], config_name="demo")
+    validate_config(cfg)
+    cfg = to_typed(cfg)
+    assert [f(cfg).timeout_s for f in (actor_layout, ref_layout, critic_layout)] == [1200, 1200, 1200]
+    cfg = to_typed(load_config(["critic.nccl_timeout=45"], config_name="demo"))
+    assert [f(cfg).timeout_s for f in (actor_layout, ref_layout, critic_layout)] == [600, 600, 45]
+    for key in ("actor_rollout_ref.nccl_timeout", "critic.nccl_timeout"):
+        with pytest.raises(ValueError, match=re.escape(key)):
+            validate_config(load_config([f"{key}=0"], config_name="demo"))

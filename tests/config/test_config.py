@@ -222,6 +222,12 @@ BAD_CONFIGS = [
         f"{ROLLOUT}.tensor_model_parallel_size=2: the vLLM rollout runs one engine per actor rank",
     ),
     (
+        [f"{ROLLOUT}.data_parallel_size=2"],
+        {},
+        f"{ROLLOUT}.data_parallel_size=2: each actor rank runs its own engine",
+    ),
+    ([f"{ROLLOUT}.expert_parallel_size=8"], {}, f"{ROLLOUT}.expert_parallel_size=8: rlflow shards models"),
+    (
         [f"{ROLLOUT}.name=vllm", f"{ROLLOUT}.calculate_log_probs=true", f"{ROLLOUT}.top_p=0.9"],
         {},
         f"{ROLLOUT}.calculate_log_probs=true with top_k/top_p on",

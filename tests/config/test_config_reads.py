@@ -26,6 +26,8 @@ REFUSED = {
     "reward_model.reward_kwargs.max_resp_len": 8,  # (appended with '+') the naive manager takes none
     "reward_model.launch_reward_fn_async": True,
     "actor_rollout_ref.rollout.mode": "server",
+    "actor_rollout_ref.rollout.data_parallel_size": 2,
+    "actor_rollout_ref.rollout.expert_parallel_size": 2,
     "actor_rollout_ref.rollout.multi_turn.enable": True,
     "actor_rollout_ref.rollout.multi_turn.format": "llama3_json",
     "trainer.use_legacy_worker_impl": "enable",

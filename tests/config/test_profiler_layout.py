@@ -27,6 +27,7 @@ def _profile_keys(overrides: list[str]) -> dict:
         for part in section.split("."):
             node = node[part]
         out[name] = (node.profile_ranks, node.profile_ranks_all)
+        out[f"{name}_discrete"] = node.profile_discrete
     return out
 
 
@@ -55,7 +56,19 @@ def test_a_verl_profiling_command_line_sets_rlflows_keys(tmp_path):
         "rollout": ([1], False),  # verl's rollout profiler follows the actor's
         "ref": (None, False),
         "critic": (None, True),
+        **{f"{name}_discrete": False for name in ("actor", "rollout", "ref", "critic")},
     }
+
+
+def test_discrete_gives_one_trace_per_worker_call():
+    got = _profile_keys(
+        ["global_profiler.tool=torch", "global_profiler.steps=[1]", f"{A}.profiler.enable=true",
+         f"{A}.profiler.ranks=[0]", f"{A}.profiler.discrete=true", f"{C}.profiler.enable=true",
+         f"{C}.profiler.all_ranks=true", f"{C}.profiler.discrete=false"]
+    )  # fmt: skip
+    assert (got["actor"], got["actor_discrete"]) == (([0], False), True)
+    assert got["rollout_discrete"]  # follows the actor's
+    assert (got["critic"], got["critic_discrete"]) == ((None, True), False)
 
 
 def test_the_rollouts_own_keys_override_the_actors_one_by_one():

@@ -161,6 +161,27 @@ def test_error_empty_prompt(tmp_path, tok):
     assert msg == f"file '{f}', row 0, key 'prompt': empty prompt (every message content is empty)"
 
 
+def test_rows_with_images_or_videos_are_refused_naming_the_row(tmp_path, tok):
+    """verl's multimodal columns (``data.image_key`` / ``video_key``): empty or absent is text; a row with
+    images is refused rather than trained on as text without them (parquet: a list column)."""
+    rows = [row("a", images=[]), row("b", images=None), row("c", images=[{"image": "x.png"}])]
+    f = str(tmp_path / "vl.parquet")
+    write_parquet(rows, f)
+    with pytest.raises(ValueError) as err:
+        RLHFDataset(f, tok, _cfg(max_prompt_length=64))
+    assert str(err.value).startswith(
+        f"file '{f}', row 2, key 'images': the row has images (column data.image_key='images'); rlflow "
+        "trains text-only models"
+    )
+    f, msg = _error(tmp_path, tok, [row("a"), row("b", clips=["v.mp4"])], video_key="clips")
+    assert msg.startswith(
+        f"file '{f}', row 1, key 'clips': the row has videos (column data.video_key='clips')"
+    )
+    assert (
+        len(RLHFDataset(write_jsonl(tmp_path / "ok.jsonl", rows[:2]), tok, _cfg(max_prompt_length=64))) == 2
+    )
+
+
 def test_error_missing_and_unreadable_files(tmp_path, tok):
     missing = str(tmp_path / "nope.parquet")
     with pytest.raises(ValueError, match=f"data file '{missing}' does not exist"):

@@ -34,12 +34,21 @@ CFG = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
 OPTIM = OptimConfig(lr=1e-2, betas=[0.9, 0.95], weight_decay=0.1, eps=1e-6)
 MAX_NORM = 0.05  # below the gradient norm (~1-3), so clipping really scales the gradients
 VARIANTS = {
-    # name: (strategy, fsdp_size, rank0_only_load, gradient checkpointing, mixed precision)
-    "fsdp2": ("fsdp2", -1, True, False, None),
-    "fsdp1": ("fsdp", -1, True, False, None),
-    "fsdp2_hsdp_ckpt": ("fsdp2", 1, False, True, None),
-    "fsdp1_hsdp": ("fsdp", 1, True, False, None),
-    "fsdp2_bf16": ("fsdp2", -1, True, False, MixedPrecisionSection(param_dtype="bf16", reduce_dtype="fp32")),
+    # name: (strategy, fsdp_size, rank0_only_load, gradient checkpointing, mixed precision, forward prefetch)
+    "fsdp2": ("fsdp2", -1, True, False, None, False),
+    "fsdp1": ("fsdp", -1, True, False, None, False),
+    "fsdp2_hsdp_ckpt": ("fsdp2", 1, False, True, None, False),
+    "fsdp1_hsdp": ("fsdp", 1, True, False, None, False),
+    "fsdp2_bf16": (
+        "fsdp2",
+        -1,
+        True,
+        False,
+        MixedPrecisionSection(param_dtype="bf16", reduce_dtype="fp32"),
+        False,
+    ),
+    "fsdp2_prefetch": ("fsdp2", -1, True, False, None, True),
+    "fsdp1_prefetch": ("fsdp", -1, True, False, None, True),
 }
 
 
@@ -107,8 +116,15 @@ def _inject(model: torch.nn.Module, value: float) -> None:
             return
 
 
+def _prefetches(model: torch.nn.Module) -> list[bool]:
+    """Per decoder layer: whether it prefetches the next layer's all-gather in forward."""
+    if isinstance(model, torch.distributed.fsdp.FullyShardedDataParallel):
+        return [model.forward_prefetch] * len(find_decoder_layers(model))
+    return [bool(layer._get_fsdp_state()._states_to_forward_prefetch) for layer in find_decoder_layers(model)]
+
+
 def _run_variant(rank: int, name: str) -> dict:
-    strategy, fsdp_size, rank0_only, ckpt, mp = VARIANTS[name]
+    strategy, fsdp_size, rank0_only, ckpt, mp, prefetch = VARIANTS[name]
     dims = ParallelDims(world_size=2, fsdp_size=fsdp_size, key_prefix="critic").build_meshes("cpu")
     model = build_sharded_model(
         _load_fn,
@@ -117,8 +133,9 @@ def _run_variant(rank: int, name: str) -> dict:
         rank0_only_load=rank0_only,
         mixed_precision=mp,
         enable_gradient_checkpointing=ckpt,
+        forward_prefetch=prefetch,
     )
-    out: dict = {"initial": gather_full_params(model)}
+    out: dict = {"initial": gather_full_params(model), "prefetches": _prefetches(model)}
     loss = _mean_nll(model, _batch()[2 * rank : 2 * rank + 2])
     loss.backward()
     global_loss = loss.detach().clone()
@@ -268,6 +285,17 @@ def test_rank0_load_gives_every_rank_the_reference_weights(results: tuple, name:
         assert out[name]["initial"].keys() == ref["params"].keys()
         for key, value in out[name]["initial"].items():
             assert torch.equal(value, init[key]), (name, key)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_forward_prefetch_is_set_as_asked(results: tuple, name: str) -> None:
+    prefetch = VARIANTS[name][5]
+    layers = CFG.num_hidden_layers
+    expected = (
+        [True] * layers if prefetch and name.startswith("fsdp1") else [prefetch] * (layers - 1) + [False]
+    )
+    for out in results[1]:
+        assert out[name]["prefetches"] == expected
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))

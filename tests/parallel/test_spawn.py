@@ -56,10 +56,11 @@ if len(sys.argv) == 1:  # rank 0: bind the store, check it holds the port, start
     )
 else:
     child = None
-info = init_distributed(backend="gloo")
+info = init_distributed(backend="gloo", timeout_s=321)
 x = torch.tensor([float(info.rank + 1)])
 dist.all_reduce(x)
-os.write(1, f"rank {info.rank} sum {float(x)}\\n".encode())  # one write: the two ranks share the pipe
+timeout = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu")).options._timeout
+os.write(1, f"rank {info.rank} sum {float(x)} timeout {timeout.total_seconds():.0f}\\n".encode())  # one write: the two ranks share the pipe
 dist.destroy_process_group()
 if child is not None:
     sys.exit(child.wait())
@@ -69,11 +70,12 @@ if child is not None:
 def test_the_rank0_store_holds_its_port_from_the_moment_it_is_chosen():
     """Worker groups' rank 0 binds the rendezvous store when it picks ``MASTER_PORT``
     (`bind_master_store`): no other process can take the port before the ranks meet (the EADDRINUSE flake
-    of the multi-node test), and the process group forms on that store."""
+    of the multi-node test), and the process group forms on that store, with the timeout it is given
+    (verl's ``nccl_timeout``) on both ranks."""
     import subprocess
     import sys
 
     script = f"SCRIPT = {BOUND_STORE!r}\n" + BOUND_STORE
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "rank 0 sum 3.0" in proc.stdout and "rank 1 sum 3.0" in proc.stdout
+    assert "rank 0 sum 3.0 timeout 321" in proc.stdout and "rank 1 sum 3.0 timeout 321" in proc.stdout
