@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlflow.config.checkpoint_schema import CheckpointContentsSection
 from rlflow.config.interpolation import II
 from rlflow.config.rollout_schema import EngineKwargsSection, RolloutSection, ValKwargsSection
 from rlflow.config.trainer_schema import RayInitConfig, TrainerConfig
@@ -29,6 +30,7 @@ __all__ = [
     "ActorConfig",
     "ActorRolloutRefConfig",
     "AlgorithmConfig",
+    "CheckpointContentsSection",
     "CriticConfig",
     "CriticModelConfig",
     "CustomFunctionConfig",
@@ -256,6 +258,7 @@ class ActorConfig:
         profile_ranks / profile_ranks_all / profile_discrete: the ranks that record ``torch.profiler``
             traces on the steps of ``trainer.profile_steps``, one per step or one per call
             (`rlflow.single_controller.profiling`); none by default.
+        checkpoint: what the actor's checkpoints hold (`rlflow.config.checkpoint_schema`).
     """
 
     strategy: str = "fsdp2"
@@ -285,6 +288,7 @@ class ActorConfig:
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    checkpoint: CheckpointContentsSection = field(default_factory=CheckpointContentsSection)
 
 
 @dataclass
@@ -374,6 +378,7 @@ class CriticConfig:
             (`rlflow.config.global_sizes`).
         forward_micro_batch_size: the same for ``forward_micro_batch_size_per_gpu``.
         nccl_timeout: seconds a collective of the critic's process group may wait (default: the actor's).
+        checkpoint: what the critic's checkpoints hold (`rlflow.config.checkpoint_schema`).
         profile_ranks / profile_ranks_all / profile_discrete: as the actor's.
     """
 
@@ -398,6 +403,7 @@ class CriticConfig:
     loss_agg_mode: str = II("actor_rollout_ref.actor.loss_agg_mode")
     ulysses_sequence_parallel_size: int = 1
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    checkpoint: CheckpointContentsSection = field(default_factory=CheckpointContentsSection)
     nccl_timeout: float = II("actor_rollout_ref.nccl_timeout")
     profile_ranks: list[int] | None = None
     profile_ranks_all: bool = False

@@ -34,6 +34,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from rlflow.algos.advantages import ADV_ESTIMATOR_INFO, ADV_ESTIMATOR_REGISTRY
 from rlflow.algos.custom import load_custom_advantage_fn
 from rlflow.algos.losses import AGG_LOSS_MODES, POLICY_LOSS_REGISTRY
+from rlflow.config.checkpoint_schema import check_checkpoint_contents
 from rlflow.config.checks import (
     KL_ESTIMATORS,
     at_least,
@@ -275,6 +276,7 @@ def _check_actor(cfg: DictConfig) -> None:
             "supported — drop the key"
         )
     positive(cfg, "actor_rollout_ref.nccl_timeout")
+    check_checkpoint_contents(cfg, f"{ACTOR}.checkpoint")
     _check_model(cfg, MODEL)
     _check_fused_kernels(cfg)
     _strategy(cfg, f"{ACTOR}.strategy")
@@ -336,6 +338,7 @@ def _check_critic(cfg: DictConfig) -> None:
     positive(cfg, "critic.cliprange_value")
     positive(cfg, "critic.grad_clip")
     positive(cfg, "critic.nccl_timeout")
+    check_checkpoint_contents(cfg, "critic.checkpoint")
     at_least(cfg, "critic.ppo_epochs", 1)
     _check_optim(cfg, "critic.optim")
     _check_fsdp(cfg, "critic.fsdp_config")

@@ -37,6 +37,9 @@ class ActorRolloutWorker(RoleWorker):
     def init_model(self) -> None:
         self._build("causal_lm", actor_layout(self.config), self.config.actor_rollout_ref.actor.optim)
 
+    def checkpoint_section(self) -> Any:
+        return self.config.actor_rollout_ref.actor.checkpoint
+
     def profile_sections(self) -> list[tuple[Any, frozenset[str] | None]]:
         arr = self.config.actor_rollout_ref
         return [(arr.rollout, frozenset({"generate_sequences"})), (arr.actor, None)]

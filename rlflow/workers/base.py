@@ -9,12 +9,14 @@ registers its data-parallel rank for mesh dispatch, and offers checkpointing and
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from rlflow.config.checkpoint_schema import saves_hf_model
 from rlflow.config.reads import track_reads, tracking_enabled
 from rlflow.config.schema import OptimConfig, PPOTrainerConfig
 from rlflow.engine.optim import build_lr_scheduler, build_optimizer
@@ -35,6 +37,8 @@ from rlflow.workers.role_setup import (
     timed_call,
     tokenizer_path,
 )
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["RoleWorker"]
 
@@ -137,26 +141,50 @@ class RoleWorker(Worker):
         if self.optimizer is not None and self.layout.fsdp.optimizer_offload:
             load_optimizer_to_device(self.optimizer)
 
+    def checkpoint_section(self) -> Any:
+        """The role's ``checkpoint`` section (``save_contents``...), or None (the reference has none)."""
+        return None
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str, global_step: int = 0) -> None:
         """Sharded model, optimizer, scheduler and RNG, plus ``huggingface/`` (config and tokenizer of the
-        base model) so that ``python -m rlflow.model_merger`` needs nothing else."""
+        base model) so that ``python -m rlflow.model_merger`` needs nothing else; with ``hf_model`` in
+        ``checkpoint.save_contents``, ``huggingface/`` is the whole model in HF format (collective)."""
         self._load_optimizer()
         save_checkpoint(
             path, self.module, self.optimizer, self.lr_scheduler, extra_state={"global_step": global_step}
         )
         self._offload_optimizer()
-        if self.rank == 0:
-            model = self.layout.model
-            hf_dir = os.path.join(path, "huggingface")
-            trust = bool(model.trust_remote_code)
+        model = self.layout.model
+        hf_dir = os.path.join(path, "huggingface")
+        tokenizer = (
+            load_tokenizer(tokenizer_path(model), trust_remote_code=bool(model.trust_remote_code))
+            if self.rank == 0
+            else None
+        )
+        if saves_hf_model(self.checkpoint_section()):
+            export_hf(self.module, tokenizer, hf_dir)
+        elif self.rank == 0:
             _hf_config(model).save_pretrained(hf_dir)
-            load_tokenizer(tokenizer_path(model), trust_remote_code=trust).save_pretrained(hf_dir)
+            tokenizer.save_pretrained(hf_dir)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
+        """Restore what ``checkpoint.load_contents`` names: the model always; the optimizer state and the
+        ``extra`` state (LR scheduler, RNG) unless left out, which starts them afresh (verl's meaning)."""
+        section = self.checkpoint_section()
+        contents = set(section.load_contents) if section is not None else {"optimizer", "extra"}
+        for name in sorted({"optimizer", "extra"} - contents):
+            if self.rank == 0:
+                logger.warning("%s: %s not in checkpoint.load_contents, not restored", path, name)
         self._load_optimizer()
-        load_checkpoint(path, self.module, self.optimizer, self.lr_scheduler)
+        load_checkpoint(
+            path,
+            self.module,
+            self.optimizer if "optimizer" in contents else None,
+            self.lr_scheduler if "extra" in contents else None,
+            load_rng="extra" in contents,
+        )
         self._offload_optimizer()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

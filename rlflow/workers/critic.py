@@ -39,6 +39,9 @@ class CriticWorker(RoleWorker):
     def init_model(self) -> None:
         self._build("value", critic_layout(self.config), self.config.critic.optim)
 
+    def checkpoint_section(self) -> Any:
+        return self.config.critic.checkpoint
+
     def profile_sections(self) -> list[tuple[Any, frozenset[str] | None]]:
         return [(self.config.critic, None)]
 

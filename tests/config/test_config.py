@@ -221,6 +221,19 @@ BAD_CONFIGS = [
         {},
         f"{ROLLOUT}.tensor_model_parallel_size=2: the vLLM rollout runs one engine per actor rank",
     ),
+    # checkpoint contents (verl's save_contents / load_contents)
+    (
+        [f"{D}.checkpoint.save_contents=[model,hf_model]"],
+        {},
+        f"{D}.checkpoint.save_contents=['model', 'hf_model'] lacks ['optimizer', 'extra']: rlflow's checkpoints",
+    ),
+    (["critic.checkpoint.load_contents=[model,optimizer,extra,tokenizer]"], {}, "['tokenizer'] not among"),
+    ([f"{D}.checkpoint.load_contents=[optimizer]"], {}, "lacks 'model': a resume always restores the model"),
+    (
+        ["critic.checkpoint.async_save=true"],
+        {},
+        "critic.checkpoint.async_save=true: rlflow saves checkpoints",
+    ),
     (
         [f"{ROLLOUT}.data_parallel_size=2"],
         {},

@@ -235,3 +235,19 @@ def test_find_latest_checkpoint_skips_incomplete(tmp_path) -> None:
     (tmp_path / "global_step_9.tmp").mkdir()
     assert find_latest_checkpoint(tmp_path) == str(tmp_path / "global_step_5")
     assert find_latest_checkpoint(tmp_path / "missing") is None
+
+
+def test_loading_only_the_model_leaves_optimizer_scheduler_and_rng_fresh(tmp_path) -> None:
+    """``checkpoint.load_contents=[model]`` (the worker passes optimizer/scheduler None, load_rng=False):
+    the weights come back bitwise; the optimizer state, the schedule and the RNG stay as they were."""
+    model, optimizer, scheduler = _plain(0)
+    _train_step(model, optimizer, scheduler, 0, 0)
+    save_checkpoint(tmp_path / "ckpt", model, optimizer, scheduler, extra_state={"step": 1})
+    model2, optimizer2, scheduler2 = _plain(1)
+    fresh_scheduler = scheduler2.state_dict()
+    torch.manual_seed(7)
+    rng = torch.get_rng_state()
+    assert load_checkpoint(tmp_path / "ckpt", model2, None, None, load_rng=False) == {"step": 1}
+    assert _bitwise_equal(_snapshot(model2, optimizer2)[0], _snapshot(model, optimizer)[0])
+    assert not optimizer2.state and scheduler2.state_dict() == fresh_scheduler
+    assert torch.equal(torch.get_rng_state(), rng)

@@ -109,8 +109,18 @@ def test_exact_resume_at_epoch_boundary(tmp_path):
     """Stop after step 2 (= the end of epoch 1), resume, and steps 3-4 match an uninterrupted run."""
     train = _small_train_file(tmp_path, 16)  # 2 steps per epoch at batch 8
     common = [f"data.train_files={train}", "trainer.save_freq=2", "trainer.total_training_steps=4"]
+    hf_model = ["model", "optimizer", "extra", "hf_model"]  # verl's save_contents: also a HF copy
     full = run_ppo(
-        load_config(_overrides(tmp_path / "full", *common, "trainer.resume_mode=disable"), config_name="demo")
+        load_config(
+            _overrides(
+                tmp_path / "full",
+                *common,
+                "trainer.resume_mode=disable",
+                f"actor_rollout_ref.actor.checkpoint.save_contents={hf_model}",
+                f"critic.checkpoint.save_contents={hf_model}",
+            ),
+            config_name="demo",
+        )
     )
     part, mirror = tmp_path / "part", tmp_path / "mirror"
     run_ppo(
@@ -152,6 +162,27 @@ def test_exact_resume_at_epoch_boundary(tmp_path):
     ids = torch.tensor([tokenizer.encode("repeat c x4")])
     assert actor(ids).logits.shape[-1] >= len(tokenizer)
     assert critic(ids).logits.shape == (1, ids.shape[1], 1)
+
+    # checkpoint.save_contents with hf_model: the same weights, already in HF format, next to the shards
+    full_step = tmp_path / "full" / "ckpt" / "global_step_4"
+    merged = {
+        "actor": AutoModelForCausalLM.from_pretrained(
+            merge_checkpoint(full_step / "actor", tmp_path / "m_a")
+        ),
+        "critic": AutoModelForTokenClassification.from_pretrained(
+            merge_checkpoint(full_step, tmp_path / "m_c", role="critic")
+        ),
+    }
+    for role, cls in (("actor", AutoModelForCausalLM), ("critic", AutoModelForTokenClassification)):
+        saved = cls.from_pretrained(full_step / role / "huggingface").state_dict()
+        want = merged[role].state_dict()
+        assert saved.keys() == want.keys() and all(torch.equal(saved[k], want[k]) for k in want), role
+    assert AutoTokenizer.from_pretrained(full_step / "actor" / "huggingface").encode("x") == tokenizer.encode(
+        "x"
+    )
+    assert not (
+        step_dir / "actor" / "huggingface" / "model.safetensors"
+    ).exists()  # default: config + tokenizer
 
 
 CUSTOM_ADV = """
