@@ -1,0 +1,83 @@
+"""The sections every trained role shares: its optimizer (``*.optim``) and its sharding (``*.fsdp_config``).
+
+Re-exported by `rlflow.config.schema` (where the roles' sections use them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["FSDPConfig", "MixedPrecisionSection", "OptimConfig"]
+
+
+@dataclass
+class OptimConfig:
+    """``*.optim``: AdamW with linear warm-up then a constant or cosine schedule (`rlflow.engine.optim`).
+
+    Attributes:
+        lr: peak learning rate.
+        lr_warmup_steps: warm-up steps; -1 uses ``lr_warmup_steps_ratio * total_training_steps``.
+        lr_warmup_steps_ratio: warm-up length as a fraction of the run's optimizer steps.
+        warmup_style: constant | cosine (cosine decays to ``min_lr_ratio * lr``); verl's older name of
+            ``lr_scheduler_type``.
+        lr_scheduler_type: constant | cosine; null = ``warmup_style``.
+        min_lr_ratio: floor of the cosine schedule, as a fraction of ``lr``.
+        num_cycles: cosine cycles over the post-warm-up steps (0.5 = one half cosine down to the floor).
+        weight_decay: decoupled weight decay (AdamW).
+        betas: AdamW ``[beta1, beta2]``.
+        eps: AdamW epsilon.
+    """
+
+    lr: float = 1.0e-6
+    lr_warmup_steps: int = -1
+    lr_warmup_steps_ratio: float = 0.0
+    warmup_style: str = "constant"
+    lr_scheduler_type: str | None = None
+    min_lr_ratio: float = 0.0
+    num_cycles: float = 0.5
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1.0e-8
+
+    @property
+    def scheduler_type(self) -> str:
+        """The schedule in effect: ``lr_scheduler_type``, else ``warmup_style``."""
+        return self.lr_scheduler_type or self.warmup_style
+
+
+@dataclass
+class MixedPrecisionSection:
+    """``*.fsdp_config.mixed_precision``: dtypes FSDP computes, reduces and keeps buffers in
+    (`rlflow.parallel.fsdp.mixed_precision_dtypes`). ``param_dtype: bf16`` with ``reduce_dtype: fp32``
+    is the usual GPU recipe; all fp32 is exact.
+
+    Attributes:
+        param_dtype: compute dtype of the gathered parameters: fp32 | bf16 | fp16 (or float32, ...).
+        reduce_dtype: dtype of the gradient reduce-scatter / all-reduce.
+        buffer_dtype: dtype of module buffers; FSDP1 only (an addition to verl's keys).
+    """
+
+    param_dtype: str = "fp32"
+    reduce_dtype: str = "fp32"
+    buffer_dtype: str = "fp32"
+
+
+@dataclass
+class FSDPConfig:
+    """``*.fsdp_config``: how one role is sharded (`rlflow.parallel.fsdp.apply_fsdp`).
+
+    Attributes:
+        fsdp_size: ranks one parameter is sharded over; -1 = the whole role; smaller = hybrid (HSDP).
+        reshard_after_forward: free gathered weights after forward (ZeRO-3) or keep them (ZeRO-2).
+        forward_prefetch: gather the next decoder layer's weights as a layer starts its forward
+            (overlaps communication with compute; one more layer's weights held).
+        grad_offload: older verl's gradient offload; gradients stay with their shards (false; true refused).
+    """
+
+    fsdp_size: int = -1
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    grad_offload: bool = False
+    reshard_after_forward: bool = True
+    forward_prefetch: bool = False
+    mixed_precision: MixedPrecisionSection = field(default_factory=MixedPrecisionSection)
