@@ -67,6 +67,8 @@ _FSDP_NOTES = {
     "no-op on CPU)",
     "optimizer_offload": "keep the optimizer state on CPU between updates (GPU runs; a logged no-op on CPU)",
     "reshard_after_forward": "free the gathered weights after each forward (ZeRO-3) or keep them (ZeRO-2)",
+    "forward_prefetch": "gather the next decoder layer's weights as a layer starts its forward (overlap; "
+    "one more layer held); the reference's follows the actor's",
 }
 CLASS_NOTES: dict[str, dict[str, str]] = {
     "DataConfig": {

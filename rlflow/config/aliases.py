@@ -23,6 +23,12 @@ _bucket_megabytes`` (newer verl)            (both under ``actor_rollout_ref``)
 ``algorithm.in_reward_kl.type`` (same)      ``algorithm.kl_penalty``
 ``algorithm.in_reward_kl.kl_ctrl.*`` (same) ``algorithm.kl_ctrl.*``
 ``algorithm.in_reward_kl.coef=c`` (same)    ``algorithm.kl_ctrl.kl_coef=c`` and ``use_kl_in_reward=(c > 0)``
+``actor.optim.clip_grad``, ``critic.optim.  ``actor.grad_clip``, ``critic.grad_clip``
+clip_grad`` (verl's optimizer section)
+``trainer.val_generations_to_log_to_wandb`` ``trainer.log_val_generations``
+(older verl)
+``data.enable_thinking`` (verl's GLM / Qwen3  ``data.apply_chat_template_kwargs.enable_thinking``
+scripts)                                    (the chat template's switch)
 ==========================================  ==============================================
 
 The early-2025 spelling (one verl release, e.g. its ``run_deepseek7b_llm_sp2.sh`` at that time) had no
@@ -65,6 +71,10 @@ KEY_ALIASES: dict[str, str] = {
     "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": (
         "actor_rollout_ref.rollout.update_weights_bucket_megabytes"
     ),
+    "actor_rollout_ref.actor.optim.clip_grad": "actor_rollout_ref.actor.grad_clip",
+    "critic.optim.clip_grad": "critic.grad_clip",
+    "trainer.val_generations_to_log_to_wandb": "trainer.log_val_generations",
+    "data.enable_thinking": "data.apply_chat_template_kwargs.enable_thinking",
 }
 """verl key (or key prefix) -> rlflow key."""
 

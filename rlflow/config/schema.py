@@ -221,9 +221,11 @@ class ActorConfig:
 
 @dataclass
 class RefFSDPConfig:
-    """``actor_rollout_ref.ref.fsdp_config``: the reference model shares the actor's mesh and precision."""
+    """``actor_rollout_ref.ref.fsdp_config``: the reference model shares the actor's mesh and precision;
+    its own parameter offload and forward prefetch (the actor's by default)."""
 
     param_offload: bool = False
+    forward_prefetch: bool = II("actor_rollout_ref.actor.fsdp_config.forward_prefetch")
 
 
 @dataclass
@@ -238,10 +240,13 @@ class RefConfig:
             arXiv:2404.09656; `rlflow.parallel.weight_mixing`); the reference is then checkpointed too.
         ref_model_sync_steps: steps between two syncs.
         ref_model_mixup_alpha: ``alpha`` in (0, 1] (1 copies the actor).
+        strategy: verl's key; the actor's (the reference shards like the actor so that reference and
+            old log-probs differ only by the weights: another value is refused).
         use_torch_compile: as the actor's (its value by default).
         profile_ranks / profile_ranks_all / profile_discrete: as the actor's.
     """
 
+    strategy: str = II("actor_rollout_ref.actor.strategy")
     log_prob_micro_batch_size_per_gpu: int = 16
     log_prob_micro_batch_size: int | None = None
     log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")

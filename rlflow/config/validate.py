@@ -280,6 +280,12 @@ def _check_actor(cfg: DictConfig) -> None:
     _check_model(cfg, MODEL)
     _check_fused_kernels(cfg)
     _strategy(cfg, f"{ACTOR}.strategy")
+    if value_at(cfg, "actor_rollout_ref.ref.strategy") != value_at(cfg, f"{ACTOR}.strategy"):
+        raise ValueError(
+            f"actor_rollout_ref.ref.strategy={value_at(cfg, 'actor_rollout_ref.ref.strategy')!r}: the reference "
+            f"shards like the actor ({ACTOR}.strategy={value_at(cfg, f'{ACTOR}.strategy')!r}) so that reference "
+            "and old log-probs differ only by the weights; set it to the actor's or drop it"
+        )
     choice(
         cfg,
         f"{ACTOR}.loss_agg_mode",

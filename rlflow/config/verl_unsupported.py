@@ -49,6 +49,51 @@ VERL_UNSUPPORTED: dict[str, str] = {
         f"{role}.megatron": MEGATRON_ADVICE
         for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")
     },
+    **{
+        f"actor_rollout_ref.ref.fsdp_config.{key}": (
+            "the reference shards over the actor's mesh with the actor's settings (so reference and old "
+            "log-probs differ only by the weights); its own keys are param_offload and forward_prefetch: drop it"
+        )
+        for key in ("fsdp_size", "reshard_after_forward", "wrap_policy", "offload_policy", "model_dtype")
+    },
+    **{
+        f"{role}.fsdp_config.{key}": (
+            "every decoder layer is one FSDP unit and the root one more (rlflow/parallel/fsdp.py), and the "
+            "master weights are float32 (fsdp_config.mixed_precision.param_dtype sets the compute dtype): drop it"
+        )
+        for role in ("actor_rollout_ref.actor", "critic")
+        for key in ("wrap_policy", "model_dtype")
+    },
+    **{
+        f"{role}.fsdp_config.offload_policy": (
+            "FSDP2's CPU offload of parameters, gradients and optimizer state: rlflow's switch is "
+            f"{role}.fsdp_config.param_offload (with fsdp2 it is FSDP2's CPUOffloadPolicy): set that instead"
+        )
+        for role in ("actor_rollout_ref.actor", "critic")
+    },
+    "actor_rollout_ref.model.use_shm": (
+        "verl copies the model to /dev/shm before loading it; rlflow loads from model.path (rank 0 reads it, "
+        "the other ranks receive their shards): drop the key"
+    ),
+    "profile": (
+        "verl's Ascend NPU profiler section (profile.options.*): rlflow records torch.profiler traces with "
+        "trainer.profile_steps and each role's profile_ranks (or verl's global_profiler.* layout); drop it"
+    ),
+    "data.custom_cls": (
+        "a dataset class of your own (verl's multimodal recipes): rlflow's RLHFDataset reads parquet / jsonl "
+        "chat prompts (data.prompt_key) and is not replaceable; convert the data to that layout"
+    ),
+    "data.trust_remote_code": (
+        "verl loads a multimodal processor with it; rlflow is text-only and loads the tokenizer with "
+        "actor_rollout_ref.model.trust_remote_code: drop the key"
+    ),
+    "data.sampling_ratios": (
+        "per-file sampling ratios are not supported: the training files are concatenated and shuffled; "
+        "repeat or subsample the files to weight them"
+    ),
+    "reward_model.strategy": (
+        "the reward model runs as one full copy per rank (forward only, no FSDP): drop the key"
+    ),
     "actor_rollout_ref.rollout.load_format": (
         "vLLM's weight-loading format (safetensors / dummy / layered summon for LoRA): rlflow's vLLM engine "
         "starts from the model path and then receives the actor's weights each step; drop the key"

@@ -35,6 +35,22 @@ BUILTIN_REWARD_MANAGERS = tuple(_BUILTIN)
 """The managers rlflow ships (`rlflow.reward.NaiveRewardManager`, `rlflow.reward.DAPORewardManager`):
 the ones that score in the ``reward_model.num_workers`` process pool."""
 _STANDARD_ARGUMENTS = ("tokenizer", "num_examine", "compute_score", "reward_fn_key")
+_VERL_MANAGERS = {
+    "prime": (
+        "verl's prime manager scores in a process pool with a per-sample timeout: rlflow's naive manager does "
+        "that with reward_model.num_workers=N reward_model.timeout_s=300 (reward_model.timeout_score: the "
+        "late sample's score)"
+    ),
+    "batch": (
+        "verl's batch manager hands the score function whole lists: rlflow's managers call it per sample; "
+        "use reward_manager=naive (reward_model.num_workers=N scores in parallel)"
+    ),
+    "generative": (
+        "a generative (LLM-judge) reward: rlflow has no judge client; use reward_manager=naive with a "
+        "custom_reward_function (custom_reward_function.path / name) that queries your judge"
+    ),
+}
+"""verl's manager names rlflow does not register -> what to use instead."""
 
 
 def register_reward_manager(name: str) -> Callable[[type], type]:
@@ -66,6 +82,8 @@ def get_reward_manager_cls(name: str) -> type:
         ValueError: naming ``reward_model.reward_manager`` and the registered names.
     """
     _load_builtins()
+    if name not in REWARD_MANAGER_REGISTRY and name in _VERL_MANAGERS:
+        raise ValueError(f"reward_model.reward_manager={name!r}: {_VERL_MANAGERS[name]}")
     if name not in REWARD_MANAGER_REGISTRY:
         raise ValueError(
             f"reward_model.reward_manager={name!r}: not a registered reward manager (registered: "

@@ -100,11 +100,15 @@ def ref_layout(config: PPOTrainerConfig) -> RoleLayout:
     """The reference policy's layout: the actor's model, strategy and precision (so reference and old
     log-probs differ only by the weights), its own Ulysses size and parameter offload."""
     arr = config.actor_rollout_ref
-    fsdp = dataclasses.replace(arr.actor.fsdp_config, param_offload=arr.ref.fsdp_config.param_offload)
+    fsdp = dataclasses.replace(
+        arr.actor.fsdp_config,
+        param_offload=arr.ref.fsdp_config.param_offload,
+        forward_prefetch=arr.ref.fsdp_config.forward_prefetch,
+    )
     return RoleLayout(
         "actor_rollout_ref.ref",
         arr.model,
-        arr.actor.strategy,
+        arr.ref.strategy,
         arr.ref.ulysses_sequence_parallel_size,
         fsdp,
         float(arr.nccl_timeout),

@@ -51,11 +51,46 @@ def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, me
             "actor_rollout_ref.actor.megatron.tensor_model_parallel_size: rlflow has no Megatron-LM backend",
         ),
         ("critic.megatron.pipeline_model_parallel_size=2", "drop the megatron.* keys and run strategy=fsdp2"),
+        ("actor_rollout_ref.ref.fsdp_config.fsdp_size=4", "the reference shards over the actor's mesh"),
+        (
+            "actor_rollout_ref.actor.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap=[X]",
+            "every decoder layer is one FSDP unit",
+        ),
+        ("critic.fsdp_config.offload_policy=true", "rlflow's switch is critic.fsdp_config.param_offload"),
+        ("actor_rollout_ref.model.use_shm=true", "verl copies the model to /dev/shm"),
+        ("profile.options.level=level1", "profile.options.level: verl's Ascend NPU profiler section"),
+        ("data.custom_cls.path=x.py", "data.custom_cls.path: a dataset class of your own"),
+        ("data.trust_remote_code=true", "rlflow is text-only"),
+        ("+data.sampling_ratios=[0.5,0.5]", "per-file sampling ratios are not supported"),
+        ("reward_model.strategy=fsdp", "the reward model runs as one full copy per rank"),
+        (
+            "actor_rollout_ref.ref.strategy=fsdp",
+            "actor_rollout_ref.ref.strategy='fsdp': the reference shards like",
+        ),
     ],
 )
 def test_verl_keys_rlflow_lacks_are_refused_with_what_to_do(override: str, message: str):
     with pytest.raises(ValueError, match=re.escape(message)):
-        load_config([override], config_name="demo")
+        validate_config(load_config([override], config_name="demo"))
+
+
+def test_more_verl_spellings_are_aliases():
+    cfg = load_config(
+        [
+            "actor_rollout_ref.actor.optim.clip_grad=0.3",
+            "critic.optim.clip_grad=0.7",
+            "trainer.val_generations_to_log_to_wandb=3",
+            "+data.enable_thinking=False",
+            "actor_rollout_ref.ref.strategy=fsdp2",  # the actor's: accepted
+            "actor_rollout_ref.actor.fsdp_config.forward_prefetch=true",
+        ],
+        config_name="demo",
+    )
+    validate_config(cfg)
+    assert (cfg.actor_rollout_ref.actor.grad_clip, cfg.critic.grad_clip) == (0.3, 0.7)
+    assert cfg.trainer.log_val_generations == 3
+    assert cfg.data.apply_chat_template_kwargs == {"enable_thinking": False}
+    assert cfg.actor_rollout_ref.ref.fsdp_config.forward_prefetch is True  # follows the actor's
 
 
 @pytest.mark.parametrize("role", ["actor_rollout_ref.actor", "critic"])
