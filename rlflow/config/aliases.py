@@ -29,6 +29,10 @@ clip_grad`` (verl's optimizer section)
 (older verl)
 ``data.enable_thinking`` (verl's GLM / Qwen3  ``data.apply_chat_template_kwargs.enable_thinking``
 scripts)                                    (the chat template's switch)
+``actor_rollout_ref.ref.param_offload``      ``actor_rollout_ref.ref.fsdp_config.param_offload``
+(older verl)
+``actor.entropy_from_logits_with_chunking``,  dropped, logged (`INERT_FLAGS`): rlflow's entropy is always
+``entropy_checkpointing`` (actor and ref)   chunked and recomputed in the backward
 ==========================================  ==============================================
 
 The early-2025 spelling (one verl release, e.g. its ``run_deepseek7b_llm_sp2.sh`` at that time) had no
@@ -50,6 +54,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "COEF_ALIASES",
     "FLAG_ALIASES",
+    "INERT_FLAGS",
     "KEY_ALIASES",
     "canonical_key",
     "rewrite_critic_file_keys",
@@ -75,6 +80,7 @@ KEY_ALIASES: dict[str, str] = {
     "critic.optim.clip_grad": "critic.grad_clip",
     "trainer.val_generations_to_log_to_wandb": "trainer.log_val_generations",
     "data.enable_thinking": "data.apply_chat_template_kwargs.enable_thinking",
+    "actor_rollout_ref.ref.param_offload": "actor_rollout_ref.ref.fsdp_config.param_offload",
 }
 """verl key (or key prefix) -> rlflow key."""
 
@@ -82,6 +88,21 @@ FLAG_ALIASES: dict[str, str] = {
     "actor_rollout_ref.actor.use_gpg_loss": "actor_rollout_ref.actor.policy_loss.loss_mode=gpg",
 }
 """verl boolean key -> the rlflow override it stands for when true (dropped when false)."""
+
+_ENTROPY_ALWAYS = (
+    "rlflow always computes the entropy in row blocks of the logits and recomputes the softmax in the "
+    "backward (rlflow.utils.torch_functional.entropy_from_logits): what true asks for, at no cost when false"
+)
+INERT_FLAGS: dict[str, str] = {
+    **{
+        f"actor_rollout_ref.{role}.{key}": _ENTROPY_ALWAYS
+        for role in ("actor", "ref")
+        for key in ("entropy_from_logits_with_chunking", "entropy_checkpointing")
+    },
+    "actor_rollout_ref.actor.fsdp_config.entropy_checkpointing": _ENTROPY_ALWAYS,
+}
+"""verl boolean keys whose both values rlflow's one code path satisfies: checked to be booleans, logged,
+and dropped (no schema key would change anything)."""
 
 COEF_ALIASES: dict[str, tuple[str, str]] = {
     "actor_rollout_ref.actor.kl_loss.coef": (
@@ -121,6 +142,12 @@ def rewrite_overrides(overrides: Iterable[str]) -> list[str]:
         prefix, key, rest = split_override(item)
         if key in FLAG_ALIASES:
             out.extend(_flag(key, rest.removeprefix("="), out, overrides))
+            continue
+        if key in INERT_FLAGS and rest and prefix != "~":
+            parse_bool(key, rest.removeprefix("="))
+            if key not in _noted:
+                _noted.add(key)
+                logger.info("config key %s%s changes nothing: %s", key, rest, INERT_FLAGS[key])
             continue
         if key in COEF_ALIASES and rest:
             out.extend(_coef(key, rest.removeprefix("=")))

@@ -83,6 +83,9 @@ def test_more_verl_spellings_are_aliases():
             "+data.enable_thinking=False",
             "actor_rollout_ref.ref.strategy=fsdp2",  # the actor's: accepted
             "actor_rollout_ref.actor.fsdp_config.forward_prefetch=true",
+            "actor_rollout_ref.ref.param_offload=true",
+            "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",  # rlflow's only path: dropped
+            "actor_rollout_ref.ref.entropy_checkpointing=false",
         ],
         config_name="demo",
     )
@@ -91,6 +94,9 @@ def test_more_verl_spellings_are_aliases():
     assert cfg.trainer.log_val_generations == 3
     assert cfg.data.apply_chat_template_kwargs == {"enable_thinking": False}
     assert cfg.actor_rollout_ref.ref.fsdp_config.forward_prefetch is True  # follows the actor's
+    assert cfg.actor_rollout_ref.ref.fsdp_config.param_offload is True
+    with pytest.raises(ValueError, match="entropy_checkpointing"):
+        load_config(["actor_rollout_ref.actor.entropy_checkpointing=maybe"], config_name="demo")
 
 
 @pytest.mark.parametrize("role", ["actor_rollout_ref.actor", "critic"])
