@@ -71,6 +71,10 @@ VERL_UNSUPPORTED: dict[str, str] = {
         )
         for role in ("actor_rollout_ref.actor", "critic")
     },
+    "actor_rollout_ref.rollout.multi_stage_wake_up": (
+        "SGLang's staged wake-up of weights and KV cache: rlflow's engines (hf, vllm) wake in one step between "
+        "the update and the next generation; drop the key"
+    ),
     "actor_rollout_ref.model.use_shm": (
         "verl copies the model to /dev/shm before loading it; rlflow loads from model.path (rank 0 reads it, "
         "the other ranks receive their shards): drop the key"

@@ -22,8 +22,8 @@ from .verl_scripts import (
     DEEPSEEK7B_SP2,
     GMPO_QWEN3_8B,
     GPG_QWEN2_7B_MATH,
-    GRPO_QWEN2_7B,
     GRPO_QWEN2_7B_SEQ_BALANCE,
+    GRPO_QWEN3_8B_NPU,
     PPO_QWEN2_7B_RM_SEQ_BALANCE_FUSED,
     REINFORCE_PP_QWEN2_7B_MATH,
     REMAX_QWEN25_3B_SEQ_BALANCE,
@@ -139,12 +139,14 @@ def test_gpg_qwen2_7b_math_runs_two_steps(tmp_path):
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_session")
 def test_grpo_and_reinforce_pp_ports_run_two_steps_with_their_kl_losses(tmp_path):
+    """The GRPO port also runs FSDP2 with forward prefetch on the actor and the reference."""
     for name, overrides, kl_type in (
-        ("grpo", GRPO_QWEN2_7B, "low_var_kl"),
+        ("grpo", GRPO_QWEN3_8B_NPU, "low_var_kl"),
         ("rf++", REINFORCE_PP_QWEN2_7B_MATH, "mse"),
     ):
         cfg = load_config([*overrides, *_local(tmp_path / name)])
         assert cfg.actor_rollout_ref.actor.kl_loss_type == kl_type
+        assert cfg.actor_rollout_ref.ref.fsdp_config.forward_prefetch is (name == "grpo")
         for h in _steps(run_ppo(cfg)["history"]):
             assert "critic/vf_loss" not in h
             # both estimators are >= 0 per token; the actor moved away from the reference (lr 1e-6: a little)

@@ -12,9 +12,11 @@ directories.
 from __future__ import annotations
 
 from .grpo import (
+    GRPO_GLM41V_9B,
     GRPO_QWEN2_7B,
     GRPO_QWEN2_7B_SEQ_BALANCE,
     GRPO_QWEN2_7B_SYNC_REF_MODEL,
+    GRPO_QWEN3_8B_NPU,
 )
 from .outcome import (
     DAPO_7B_MATH,
@@ -39,9 +41,11 @@ __all__ = [
     "DEEPSEEK7B_SP2_EARLY_2025",
     "GMPO_QWEN3_8B",
     "GPG_QWEN2_7B_MATH",
+    "GRPO_GLM41V_9B",
     "GRPO_QWEN2_7B",
     "GRPO_QWEN2_7B_SEQ_BALANCE",
     "GRPO_QWEN2_7B_SYNC_REF_MODEL",
+    "GRPO_QWEN3_8B_NPU",
     "PPO_QWEN2_7B_RM",
     "PPO_QWEN2_7B_RM_SEQ_BALANCE_FUSED",
     "PPO_QWEN2_7B_RM_SEQ_BALANCE_NSYS",

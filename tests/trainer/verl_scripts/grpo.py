@@ -127,3 +127,107 @@ GRPO_QWEN2_7B_SEQ_BALANCE = [
     "trainer.test_freq=5",
     "trainer.total_epochs=15",
 ]
+
+
+# examples/grpo_trainer/run_qwen3-8b_npu.sh: GRPO on FSDP2 with forward prefetch on the actor and the
+# reference, verl's entropy-chunking switches (``++``), torch.compile off.
+GRPO_QWEN3_8B_NPU = [
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=8",  # env: 256
+    "data.max_prompt_length=32",  # env: 512
+    "data.max_response_length=8",  # env: 1024
+    "data.filter_overlong_prompts=True",
+    "data.truncation=error",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.model.use_remove_padding=True",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # env: 64
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5",  # env: 10
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.actor.kl_loss_coef=0.001",
+    "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+    "actor_rollout_ref.actor.entropy_coeff=0",
+    "actor_rollout_ref.actor.use_torch_compile=False",
+    "actor_rollout_ref.ref.use_torch_compile=False",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=5",  # env: 32
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # env: 2
+    "actor_rollout_ref.rollout.name=hf",  # env: vllm
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+    "actor_rollout_ref.rollout.n=5",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=5",  # env: 32
+    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+    "algorithm.use_kl_in_reward=False",
+    "trainer.critic_warmup=0",
+    "trainer.logger=[console]",  # env: console + wandb
+    "trainer.project_name=GRPO",
+    "trainer.experiment_name=GRPO-Qwen3-8B-npu",
+    "trainer.n_gpus_per_node=2",  # env: 8
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
+    "trainer.nnodes=1",
+    "trainer.device=cpu",  # env: npu
+    "trainer.resume_mode=auto",
+    "actor_rollout_ref.actor.fsdp_config.forward_prefetch=True",
+    "actor_rollout_ref.ref.fsdp_config.forward_prefetch=True",
+    "++actor_rollout_ref.actor.entropy_from_logits_with_chunking=True",
+    "++actor_rollout_ref.ref.entropy_from_logits_with_chunking=True",
+    "trainer.val_before_train=True",
+    "trainer.save_freq=5",
+    "trainer.test_freq=5",
+    "trainer.total_epochs=15",
+]
+
+# examples/grpo_trainer/run_glm41v_9b.sh: GRPO with the DAPO reward manager, the fused head, verl's
+# multimodal image column (the embedded data is text), thinking on in the chat template, and checkpoints
+# that also hold a Hugging Face copy of the actor.
+GRPO_GLM41V_9B = [
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=8",  # env: 32
+    "data.max_prompt_length=32",  # env: 1024
+    "data.max_response_length=8",  # env: 2048
+    "data.filter_overlong_prompts=True",
+    "data.truncation=error",
+    "data.image_key=images",
+    "+data.enable_thinking=True",
+    "reward_model.reward_manager=dapo",
+    "actor_rollout_ref.model.use_fused_kernels=True",
+    "actor_rollout_ref.model.fused_kernel_options.impl_backend=torch",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.model.use_remove_padding=True",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8",  # env: 32
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.actor.kl_loss_coef=0.01",
+    "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+    "actor_rollout_ref.actor.entropy_coeff=0",
+    "actor_rollout_ref.actor.use_torch_compile=False",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # env: 4
+    "actor_rollout_ref.rollout.name=hf",  # env: vllm
+    "+actor_rollout_ref.rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache=True",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.5",
+    "actor_rollout_ref.rollout.enable_chunked_prefill=False",
+    "actor_rollout_ref.rollout.enforce_eager=True",
+    "actor_rollout_ref.rollout.free_cache_engine=True",
+    "actor_rollout_ref.rollout.n=5",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
+    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+    "algorithm.use_kl_in_reward=False",
+    "trainer.critic_warmup=0",
+    "trainer.logger=[console]",
+    "trainer.project_name=torch_verl_grpo_example_geo3k_think",
+    "trainer.experiment_name=glm45v_function_rm_think",
+    "trainer.n_gpus_per_node=2",  # env: 8
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
+    "trainer.nnodes=1",
+    "trainer.save_freq=20",
+    "trainer.test_freq=-1",
+    "trainer.total_epochs=15",
+    "trainer.max_actor_ckpt_to_keep=3",
+    "actor_rollout_ref.actor.checkpoint.save_contents=['model','optimizer','extra','hf_model']",
+    "trainer.device=cpu",  # env: cuda
+]
