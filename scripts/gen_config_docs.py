@@ -69,6 +69,8 @@ _FSDP_NOTES = {
     "reshard_after_forward": "free the gathered weights after each forward (ZeRO-3) or keep them (ZeRO-2)",
     "forward_prefetch": "gather the next decoder layer's weights as a layer starts its forward (overlap; "
     "one more layer held); the reference's follows the actor's",
+    "fsdp_size": "ranks one parameter is sharded over; -1 = the whole role; the reference's follows the actor's",
+    "model_dtype": "dtype of the master weights: fp32 only (mixed_precision.param_dtype sets the compute dtype)",
 }
 CLASS_NOTES: dict[str, dict[str, str]] = {
     "DataConfig": {

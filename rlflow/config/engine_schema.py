@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["FSDPConfig", "MixedPrecisionSection", "OptimConfig"]
+__all__ = ["FSDPConfig", "MixedPrecisionSection", "OptimConfig", "WrapPolicySection"]
 
 
 @dataclass
@@ -63,6 +63,21 @@ class MixedPrecisionSection:
 
 
 @dataclass
+class WrapPolicySection:
+    """``*.fsdp_config.wrap_policy`` (verl's keys): rlflow makes every decoder layer one FSDP unit and
+    the root one more (`rlflow.parallel.fsdp.apply_fsdp`).
+
+    Attributes:
+        min_num_params: verl's size-based wrapping; 0 only (the layer-based units).
+        transformer_layer_cls_to_wrap: class names of the layers to wrap; None = the model's decoder
+            layers; when given, they must be those (checked when the model is built, naming the key).
+    """
+
+    min_num_params: int = 0
+    transformer_layer_cls_to_wrap: list[str] | None = None
+
+
+@dataclass
 class FSDPConfig:
     """``*.fsdp_config``: how one role is sharded (`rlflow.parallel.fsdp.apply_fsdp`).
 
@@ -72,6 +87,9 @@ class FSDPConfig:
         forward_prefetch: gather the next decoder layer's weights as a layer starts its forward
             (overlaps communication with compute; one more layer's weights held).
         grad_offload: older verl's gradient offload; gradients stay with their shards (false; true refused).
+        model_dtype: dtype of the master weights: fp32 only (``mixed_precision.param_dtype`` sets the
+            compute dtype).
+        wrap_policy: the FSDP units (`WrapPolicySection`).
     """
 
     fsdp_size: int = -1
@@ -80,4 +98,6 @@ class FSDPConfig:
     grad_offload: bool = False
     reshard_after_forward: bool = True
     forward_prefetch: bool = False
+    model_dtype: str = "fp32"
+    wrap_policy: WrapPolicySection = field(default_factory=WrapPolicySection)
     mixed_precision: MixedPrecisionSection = field(default_factory=MixedPrecisionSection)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlflow.config.checkpoint_schema import CheckpointContentsSection
-from rlflow.config.engine_schema import FSDPConfig, MixedPrecisionSection, OptimConfig
+from rlflow.config.engine_schema import FSDPConfig, MixedPrecisionSection, OptimConfig, WrapPolicySection
 from rlflow.config.interpolation import II
 from rlflow.config.rollout_schema import EngineKwargsSection, RolloutSection, ValKwargsSection
 from rlflow.config.trainer_schema import RayInitConfig, TrainerConfig
@@ -52,6 +52,7 @@ __all__ = [
     "RolloutSection",
     "TrainerConfig",
     "ValKwargsSection",
+    "WrapPolicySection",
     "register_configs",
 ]
 
@@ -221,11 +222,16 @@ class ActorConfig:
 
 @dataclass
 class RefFSDPConfig:
-    """``actor_rollout_ref.ref.fsdp_config``: the reference model shares the actor's mesh and precision;
-    its own parameter offload and forward prefetch (the actor's by default)."""
+    """``actor_rollout_ref.ref.fsdp_config``: the reference model's sharding. Its precision and strategy
+    are the actor's (so reference and old log-probs differ only by the weights); the other keys default
+    to the actor's and may differ (a forward-only model's sharding does not change its numbers)."""
 
     param_offload: bool = False
+    fsdp_size: int = II("actor_rollout_ref.actor.fsdp_config.fsdp_size")
+    reshard_after_forward: bool = II("actor_rollout_ref.actor.fsdp_config.reshard_after_forward")
     forward_prefetch: bool = II("actor_rollout_ref.actor.fsdp_config.forward_prefetch")
+    model_dtype: str = II("actor_rollout_ref.actor.fsdp_config.model_dtype")
+    wrap_policy: WrapPolicySection = field(default_factory=WrapPolicySection)
 
 
 @dataclass

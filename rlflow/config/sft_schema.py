@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlflow.config.schema import MixedPrecisionSection
+from rlflow.config.engine_schema import MixedPrecisionSection, WrapPolicySection
 
 __all__ = [
     "SFT_SCHEMA_NAME",
@@ -91,13 +91,6 @@ class SFTDataConfig:
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     shuffle: bool = True
     seed: int = 1
-
-
-@dataclass
-class WrapPolicySection:
-    """``model.fsdp_config.wrap_policy`` (verl): rlflow shards each decoder layer; only 0 is accepted."""
-
-    min_num_params: int = 0
 
 
 @dataclass

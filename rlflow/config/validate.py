@@ -230,11 +230,35 @@ def _check_fsdp(cfg: DictConfig, prefix: str) -> None:
             f"offload the weights ({prefix}.param_offload) or the optimizer state "
             f"({prefix}.optimizer_offload) instead"
         )
+    _check_sharding(cfg, prefix)
+    for name in ("param_dtype", "reduce_dtype", "buffer_dtype"):
+        choice(cfg, f"{prefix}.mixed_precision.{name}", DTYPES)
+
+
+def _check_sharding(cfg: DictConfig, prefix: str) -> None:
+    """``fsdp_size``, ``model_dtype`` and ``wrap_policy`` of an ``fsdp_config`` section (``prefix``)."""
     size = number(cfg, f"{prefix}.fsdp_size", integer=True)
     if size != -1 and size < 1:
         raise ValueError(f"{prefix}.fsdp_size={size} must be -1 (all ranks of the role) or >= 1")
-    for name in ("param_dtype", "reduce_dtype", "buffer_dtype"):
-        choice(cfg, f"{prefix}.mixed_precision.{name}", DTYPES)
+    dtype = value_at(cfg, f"{prefix}.model_dtype")
+    if dtype not in ("fp32", "float32"):
+        raise ValueError(
+            f"{prefix}.model_dtype={dtype!r}: the master weights stay fp32; set "
+            f"{prefix.replace('ref.fsdp_config', 'actor.fsdp_config')}.mixed_precision.param_dtype=bf16 to "
+            "compute in bf16"
+        )
+    if value_at(cfg, f"{prefix}.wrap_policy.min_num_params") != 0:
+        raise ValueError(
+            f"{prefix}.wrap_policy.min_num_params={value_at(cfg, f'{prefix}.wrap_policy.min_num_params')}: "
+            "rlflow makes every decoder layer one FSDP unit (size-based wrapping is not supported); keep 0"
+        )
+    layers = value_at(cfg, f"{prefix}.wrap_policy.transformer_layer_cls_to_wrap")
+    if layers is not None and (
+        not isinstance(layers, list | ListConfig) or not all(isinstance(n, str) for n in layers)
+    ):
+        raise ValueError(
+            f"{prefix}.wrap_policy.transformer_layer_cls_to_wrap={layers!r} must be a list of names"
+        )
 
 
 def _check_model(cfg: DictConfig, prefix: str) -> None:
@@ -318,6 +342,7 @@ def _check_actor(cfg: DictConfig) -> None:
     at_least(cfg, f"{ACTOR}.ppo_epochs", 1)
     _check_optim(cfg, f"{ACTOR}.optim")
     _check_fsdp(cfg, f"{ACTOR}.fsdp_config")
+    _check_sharding(cfg, "actor_rollout_ref.ref.fsdp_config")
 
 
 def _check_critic(cfg: DictConfig) -> None:
@@ -445,6 +470,7 @@ def _check_layout(cfg: DictConfig, heads: int | None, kv_heads: int | None) -> N
     world = _world_size(cfg)
     sp = _check_sp(cfg, ACTOR, world, heads, kv_heads)
     _check_fsdp_size(cfg, ACTOR, world)
+    _check_fsdp_size(cfg, "actor_rollout_ref.ref", world)
     _check_ppo_batches(cfg, ACTOR, world // sp, sp)
     for prefix in (ROLLOUT, REF):
         _check_micro(

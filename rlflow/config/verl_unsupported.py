@@ -49,21 +49,10 @@ VERL_UNSUPPORTED: dict[str, str] = {
         f"{role}.megatron": MEGATRON_ADVICE
         for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")
     },
-    **{
-        f"actor_rollout_ref.ref.fsdp_config.{key}": (
-            "the reference shards over the actor's mesh with the actor's settings (so reference and old "
-            "log-probs differ only by the weights); its own keys are param_offload and forward_prefetch: drop it"
-        )
-        for key in ("fsdp_size", "reshard_after_forward", "wrap_policy", "offload_policy", "model_dtype")
-    },
-    **{
-        f"{role}.fsdp_config.{key}": (
-            "every decoder layer is one FSDP unit and the root one more (rlflow/parallel/fsdp.py), and the "
-            "master weights are float32 (fsdp_config.mixed_precision.param_dtype sets the compute dtype): drop it"
-        )
-        for role in ("actor_rollout_ref.actor", "critic")
-        for key in ("wrap_policy", "model_dtype")
-    },
+    "actor_rollout_ref.ref.fsdp_config.offload_policy": (
+        "FSDP2's CPU offload of parameters: rlflow's switch is actor_rollout_ref.ref.fsdp_config.param_offload "
+        "(with fsdp2 it is FSDP2's CPUOffloadPolicy): set that instead"
+    ),
     **{
         f"{role}.fsdp_config.offload_policy": (
             "FSDP2's CPU offload of parameters, gradients and optimizer state: rlflow's switch is "

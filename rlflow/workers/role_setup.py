@@ -23,7 +23,7 @@ from rlflow.models.loader import load_causal_lm, load_model_config, load_value_m
 from rlflow.models.tiny import resolve_model_path
 from rlflow.parallel.dims import ParallelDims
 from rlflow.parallel.distributed import init_distributed
-from rlflow.parallel.fsdp import build_sharded_model
+from rlflow.parallel.fsdp import build_sharded_model, find_decoder_layers
 from rlflow.protocol import DataProto
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "RoleParallel",
     "actor_layout",
     "build_role_module",
+    "check_layer_classes",
     "critic_layout",
     "metrics_proto",
     "model_path",
@@ -98,12 +99,18 @@ def actor_layout(config: PPOTrainerConfig) -> RoleLayout:
 
 def ref_layout(config: PPOTrainerConfig) -> RoleLayout:
     """The reference policy's layout: the actor's model, strategy and precision (so reference and old
-    log-probs differ only by the weights), its own Ulysses size and parameter offload."""
+    log-probs differ only by the weights), its own Ulysses size and ``ref.fsdp_config`` (sharding, offload,
+    prefetch: the actor's by default)."""
     arr = config.actor_rollout_ref
+    ref = arr.ref.fsdp_config
     fsdp = dataclasses.replace(
         arr.actor.fsdp_config,
-        param_offload=arr.ref.fsdp_config.param_offload,
-        forward_prefetch=arr.ref.fsdp_config.forward_prefetch,
+        param_offload=ref.param_offload,
+        fsdp_size=ref.fsdp_size,
+        reshard_after_forward=ref.reshard_after_forward,
+        forward_prefetch=ref.forward_prefetch,
+        model_dtype=ref.model_dtype,
+        wrap_policy=ref.wrap_policy,
     )
     return RoleLayout(
         "actor_rollout_ref.ref",
@@ -172,6 +179,21 @@ def _meta_model(
         return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
 
 
+def check_layer_classes(model: torch.nn.Module, layout: RoleLayout) -> None:
+    """``fsdp_config.wrap_policy.transformer_layer_cls_to_wrap``, when set, must name the decoder-layer
+    classes rlflow wraps (each one FSDP unit), else ``ValueError`` naming the key and the model's class."""
+    wanted = layout.fsdp.wrap_policy.transformer_layer_cls_to_wrap
+    if wanted is None:
+        return
+    found = sorted({type(layer).__name__ for layer in find_decoder_layers(model)})
+    if sorted(set(wanted)) != found:
+        raise ValueError(
+            f"{layout.key_prefix}.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap={list(wanted)}: this "
+            f"model's decoder layers are {found}, and rlflow makes each of them one FSDP unit; set it to "
+            f"{found} or drop it"
+        )
+
+
 def build_role_module(
     kind: str, layout: RoleLayout, parallel: RoleParallel, seed: int = 0
 ) -> torch.nn.Module:
@@ -206,6 +228,7 @@ def build_role_module(
             set_packed_attention(model)
         if kind == "causal_lm" and getattr(model_cfg, "use_fused_kernels", False):
             install_fused_head(model)
+        check_layer_classes(model, layout)
         return model
 
     fsdp = layout.fsdp

@@ -51,10 +51,15 @@ def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, me
             "actor_rollout_ref.actor.megatron.tensor_model_parallel_size: rlflow has no Megatron-LM backend",
         ),
         ("critic.megatron.pipeline_model_parallel_size=2", "drop the megatron.* keys and run strategy=fsdp2"),
-        ("actor_rollout_ref.ref.fsdp_config.fsdp_size=4", "the reference shards over the actor's mesh"),
+        ("actor_rollout_ref.ref.fsdp_config.offload_policy=true", "ref.fsdp_config.param_offload"),
         (
-            "actor_rollout_ref.actor.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap=[X]",
-            "every decoder layer is one FSDP unit",
+            "actor_rollout_ref.ref.fsdp_config.fsdp_size=3",
+            "ref.fsdp_config.fsdp_size=3 must divide the world",
+        ),
+        ("critic.fsdp_config.model_dtype=bf16", "critic.fsdp_config.model_dtype='bf16': the master weights"),
+        (
+            "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=1000000",
+            "size-based wrapping is not supported",
         ),
         ("critic.fsdp_config.offload_policy=true", "rlflow's switch is critic.fsdp_config.param_offload"),
         ("actor_rollout_ref.model.use_shm=true", "verl copies the model to /dev/shm"),
@@ -86,6 +91,10 @@ def test_more_verl_spellings_are_aliases():
             "actor_rollout_ref.ref.param_offload=true",
             "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",  # rlflow's only path: dropped
             "actor_rollout_ref.ref.entropy_checkpointing=false",
+            "actor_rollout_ref.ref.fsdp_config.fsdp_size=1",  # the reference's own sharding (HSDP here)
+            "actor_rollout_ref.ref.fsdp_config.reshard_after_forward=false",
+            "actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params=0",
+            "actor_rollout_ref.actor.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap=[Qwen2DecoderLayer]",
         ],
         config_name="demo",
     )
@@ -95,6 +104,11 @@ def test_more_verl_spellings_are_aliases():
     assert cfg.data.apply_chat_template_kwargs == {"enable_thinking": False}
     assert cfg.actor_rollout_ref.ref.fsdp_config.forward_prefetch is True  # follows the actor's
     assert cfg.actor_rollout_ref.ref.fsdp_config.param_offload is True
+    from rlflow.config.loading import to_typed
+    from rlflow.workers.role_setup import ref_layout
+
+    ref = ref_layout(to_typed(cfg)).fsdp
+    assert (ref.fsdp_size, ref.reshard_after_forward, ref.forward_prefetch) == (1, False, True)
     with pytest.raises(ValueError, match="entropy_checkpointing"):
         load_config(["actor_rollout_ref.actor.entropy_checkpointing=maybe"], config_name="demo")
 
