@@ -70,6 +70,7 @@ _FSDP_NOTES = {
     "forward_prefetch": "gather the next decoder layer's weights as a layer starts its forward (overlap; "
     "one more layer held); the reference's follows the actor's",
     "fsdp_size": "ranks one parameter is sharded over; -1 = the whole role; the reference's follows the actor's",
+    "offload_policy": "verl's FSDP2 offload switch: false only (param_offload is rlflow's)",
     "model_dtype": "dtype of the master weights: fp32 only (mixed_precision.param_dtype sets the compute dtype)",
 }
 CLASS_NOTES: dict[str, dict[str, str]] = {

@@ -87,6 +87,8 @@ class FSDPConfig:
         forward_prefetch: gather the next decoder layer's weights as a layer starts its forward
             (overlaps communication with compute; one more layer's weights held).
         grad_offload: older verl's gradient offload; gradients stay with their shards (false; true refused).
+        offload_policy: verl's FSDP2 offload switch; false only (``param_offload`` is rlflow's: with
+            fsdp2 it is FSDP2's ``CPUOffloadPolicy``).
         model_dtype: dtype of the master weights: fp32 only (``mixed_precision.param_dtype`` sets the
             compute dtype).
         wrap_policy: the FSDP units (`WrapPolicySection`).
@@ -98,6 +100,7 @@ class FSDPConfig:
     grad_offload: bool = False
     reshard_after_forward: bool = True
     forward_prefetch: bool = False
+    offload_policy: bool = False
     model_dtype: str = "fp32"
     wrap_policy: WrapPolicySection = field(default_factory=WrapPolicySection)
     mixed_precision: MixedPrecisionSection = field(default_factory=MixedPrecisionSection)

@@ -230,6 +230,7 @@ class RefFSDPConfig:
     fsdp_size: int = II("actor_rollout_ref.actor.fsdp_config.fsdp_size")
     reshard_after_forward: bool = II("actor_rollout_ref.actor.fsdp_config.reshard_after_forward")
     forward_prefetch: bool = II("actor_rollout_ref.actor.fsdp_config.forward_prefetch")
+    offload_policy: bool = False
     model_dtype: str = II("actor_rollout_ref.actor.fsdp_config.model_dtype")
     wrap_policy: WrapPolicySection = field(default_factory=WrapPolicySection)
 

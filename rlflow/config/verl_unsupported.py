@@ -49,17 +49,10 @@ VERL_UNSUPPORTED: dict[str, str] = {
         f"{role}.megatron": MEGATRON_ADVICE
         for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")
     },
-    "actor_rollout_ref.ref.fsdp_config.offload_policy": (
-        "FSDP2's CPU offload of parameters: rlflow's switch is actor_rollout_ref.ref.fsdp_config.param_offload "
-        "(with fsdp2 it is FSDP2's CPUOffloadPolicy): set that instead"
+    "actor_rollout_ref.model.enable_activation_offload": (
+        "activation offload to host memory is not supported: enable_gradient_checkpointing (on by default) "
+        "keeps one activation per layer; lower the micro-batch size or use dynamic batch sizes"
     ),
-    **{
-        f"{role}.fsdp_config.offload_policy": (
-            "FSDP2's CPU offload of parameters, gradients and optimizer state: rlflow's switch is "
-            f"{role}.fsdp_config.param_offload (with fsdp2 it is FSDP2's CPUOffloadPolicy): set that instead"
-        )
-        for role in ("actor_rollout_ref.actor", "critic")
-    },
     "actor_rollout_ref.rollout.multi_stage_wake_up": (
         "SGLang's staged wake-up of weights and KV cache: rlflow's engines (hf, vllm) wake in one step between "
         "the update and the next generation; drop the key"

@@ -51,7 +51,10 @@ def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, me
             "actor_rollout_ref.actor.megatron.tensor_model_parallel_size: rlflow has no Megatron-LM backend",
         ),
         ("critic.megatron.pipeline_model_parallel_size=2", "drop the megatron.* keys and run strategy=fsdp2"),
-        ("actor_rollout_ref.ref.fsdp_config.offload_policy=true", "ref.fsdp_config.param_offload"),
+        (
+            "actor_rollout_ref.ref.fsdp_config.offload_policy=true",
+            "is actor_rollout_ref.ref.fsdp_config.param_offload",
+        ),
         (
             "actor_rollout_ref.ref.fsdp_config.fsdp_size=3",
             "ref.fsdp_config.fsdp_size=3 must divide the world",
@@ -61,7 +64,11 @@ def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, me
             "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=1000000",
             "size-based wrapping is not supported",
         ),
-        ("critic.fsdp_config.offload_policy=true", "rlflow's switch is critic.fsdp_config.param_offload"),
+        (
+            "critic.fsdp_config.offload_policy=true",
+            "rlflow's offload switch is critic.fsdp_config.param_offload",
+        ),
+        ("actor_rollout_ref.model.enable_activation_offload=true", "activation offload to host memory"),
         ("actor_rollout_ref.model.use_shm=true", "verl copies the model to /dev/shm"),
         ("profile.options.level=level1", "profile.options.level: verl's Ascend NPU profiler section"),
         ("data.custom_cls.path=x.py", "data.custom_cls.path: a dataset class of your own"),

@@ -29,6 +29,10 @@ REFUSED = {
     "actor_rollout_ref.rollout.data_parallel_size": 2,
     **{f"{role}.fsdp_config.model_dtype": "bf16" for role in ("actor_rollout_ref.actor", "critic")},
     **{
+        f"{role}.fsdp_config.offload_policy": True
+        for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
+    },
+    **{
         f"{role}.fsdp_config.wrap_policy.min_num_params": 100
         for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
     },
