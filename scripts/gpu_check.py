@@ -41,7 +41,7 @@ from rlflow.protocol import DataProto
 
 ROWS, PROMPT_LEN, RESPONSE_LEN = 8, 24, 16
 ACTOR, CRITIC, ROLLOUT = "actor_rollout_ref.actor", "critic", "actor_rollout_ref.rollout"
-_INTERPOLATION = re.compile(r"\$\{([\w.]+)\}")
+_INTERPOLATION = re.compile(r"\$\{(\.*[\w.]+)\}")
 
 
 # --------------------------------------------------------------------------- config without Hydra
@@ -53,28 +53,47 @@ def _get(obj: Any, path: str) -> Any:
     return obj
 
 
-def _resolved(value: Any, root: Any, seen: frozenset = frozenset()) -> Any:
-    """``value`` with its ``${a.b}`` interpolations resolved (a whole-string one keeps the target's type)."""
+def _target(path: str, root: Any, node_path: str) -> tuple[Any, str]:
+    """The value ``${path}`` names, written in the node at ``node_path``, and its absolute path.
+
+    A relative path (OmegaConf's ``${.key}``: a sibling; each further dot one node up) resolves from
+    the node that holds the interpolation.
+    """
+    if path.startswith("."):
+        up = len(path) - len(path.lstrip(".")) - 1
+        parts = node_path.split(".") if node_path else []
+        if up > len(parts):
+            raise ValueError(f"${{{path}}} in {node_path or 'the root'} points above the root")
+        base = ".".join(parts[: len(parts) - up])
+        path = f"{base}.{path.lstrip('.')}" if base else path.lstrip(".")
+    return _get(root, path), path
+
+
+def _resolved(value: Any, root: Any, node_path: str = "", seen: frozenset = frozenset()) -> Any:
+    """``value`` (held by the node at ``node_path``) with its ``${a.b}`` / ``${.b}`` interpolations
+    resolved (a whole-string one keeps the target's type)."""
     if not isinstance(value, str) or "${" not in value:
         return value
+
+    def one(path: str) -> Any:
+        target, absolute = _target(path, root, node_path)
+        if absolute in seen:
+            raise ValueError(f"interpolation cycle through {absolute}")
+        return _resolved(target, root, absolute.rpartition(".")[0], seen | {absolute})
+
     whole = _INTERPOLATION.fullmatch(value)
-    paths = [whole.group(1)] if whole else _INTERPOLATION.findall(value)
-    if seen & set(paths):
-        raise ValueError(f"interpolation cycle through {sorted(seen & set(paths))}")
     if whole:
-        return _resolved(_get(root, whole.group(1)), root, seen | {whole.group(1)})
-    return _INTERPOLATION.sub(
-        lambda m: str(_resolved(_get(root, m.group(1)), root, seen | {m.group(1)})), value
-    )
+        return one(whole.group(1))
+    return _INTERPOLATION.sub(lambda m: str(one(m.group(1))), value)
 
 
-def _resolve(obj: Any, root: Any) -> None:
+def _resolve(obj: Any, root: Any, node_path: str = "") -> None:
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if dataclasses.is_dataclass(value):
-            _resolve(value, root)
+            _resolve(value, root, f"{node_path}.{f.name}" if node_path else f.name)
         else:
-            setattr(obj, f.name, _resolved(value, root))
+            setattr(obj, f.name, _resolved(value, root, node_path))
 
 
 def plain_config(overrides: Mapping[str, Any]) -> PPOTrainerConfig:

@@ -7,21 +7,21 @@ the optimizer state / the LR schedule and RNG afresh (logged), as in verl. ``hf_
 ``save_contents`` also writes the full model in Hugging Face format (safetensors, config, tokenizer) to
 ``<checkpoint>/huggingface/``, loadable with ``from_pretrained`` without running
 ``python -m rlflow.model_merger``; in ``load_contents`` it is accepted and not loaded (as in verl).
+
+No OmegaConf import here: the typed schema loads on machines without it (``scripts/gpu_check.py``);
+the checks of these keys are in `rlflow.config.checkpoint_checks`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig, ListConfig
-
-from rlflow.config.checks import flag, value_at
 from rlflow.config.interpolation import II
 
-__all__ = ["CHECKPOINT_CONTENTS", "CheckpointContentsSection", "check_checkpoint_contents", "saves_hf_model"]
+__all__ = ["CHECKPOINT_CONTENTS", "REQUIRED_CONTENTS", "CheckpointContentsSection", "saves_hf_model"]
 
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
-_REQUIRED = ("model", "optimizer", "extra")
+REQUIRED_CONTENTS = ("model", "optimizer", "extra")
 
 
 @dataclass
@@ -36,37 +36,9 @@ class CheckpointContentsSection:
             the step atomically).
     """
 
-    save_contents: list[str] = field(default_factory=lambda: list(_REQUIRED))
+    save_contents: list[str] = field(default_factory=lambda: list(REQUIRED_CONTENTS))
     load_contents: list[str] = II(".save_contents")  # noqa: RUF009 (a string: the interpolation)
     async_save: bool = False
-
-
-def check_checkpoint_contents(cfg: DictConfig, section: str) -> None:
-    """Refuse contents rlflow does not write or read, naming the key (``section``: ``<role>.checkpoint``)."""
-    for name in ("save_contents", "load_contents"):
-        key = f"{section}.{name}"
-        value = value_at(cfg, key)
-        if not isinstance(value, list | ListConfig) or not all(isinstance(v, str) for v in value):
-            raise ValueError(f"{key}={value!r} must be a list of {list(CHECKPOINT_CONTENTS)}")
-        unknown = [v for v in value if v not in CHECKPOINT_CONTENTS]
-        if unknown:
-            raise ValueError(f"{key}: {unknown} not among {list(CHECKPOINT_CONTENTS)}")
-        if name == "load_contents":
-            if "model" not in value:
-                raise ValueError(f"{key}={list(value)} lacks 'model': a resume always restores the model")
-            continue
-        missing = [v for v in _REQUIRED if v not in value]
-        if missing:
-            raise ValueError(
-                f"{key}={list(value)} lacks {missing}: rlflow's checkpoints always hold the model, the "
-                "optimizer and the extra state (LR scheduler, RNG, step) so that a resume continues exactly; "
-                f"add them (hf_model adds a Hugging Face copy of the model)"
-            )
-    if flag(cfg, f"{section}.async_save"):
-        raise ValueError(
-            f"{section}.async_save=true: rlflow saves checkpoints synchronously (each step's directory is "
-            "published complete, then the pointer file moves); set it false"
-        )
 
 
 def saves_hf_model(section: object) -> bool:

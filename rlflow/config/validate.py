@@ -26,15 +26,13 @@ and ``dp = world size / ulysses_sequence_parallel_size``::
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from rlflow.algos.advantages import ADV_ESTIMATOR_INFO, ADV_ESTIMATOR_REGISTRY
-from rlflow.algos.custom import load_custom_advantage_fn
 from rlflow.algos.losses import AGG_LOSS_MODES, POLICY_LOSS_REGISTRY
-from rlflow.config.checkpoint_schema import check_checkpoint_contents
+from rlflow.config.checkpoint_checks import check_checkpoint_contents
 from rlflow.config.checks import (
     KL_ESTIMATORS,
     at_least,
@@ -47,6 +45,7 @@ from rlflow.config.checks import (
     value_at,
 )
 from rlflow.config.correction_checks import check_rollout_correction
+from rlflow.config.file_checks import check_files, check_user_code
 from rlflow.config.resource_checks import check_local_resources
 from rlflow.config.reward_checks import check_filter_groups, check_reward_model
 from rlflow.config.rollout_checks import ROLLOUT_NAMES, check_rollout
@@ -56,7 +55,6 @@ from rlflow.config.trainer_checks import check_trainer
 from rlflow.config.verl_unsupported import MEGATRON_ADVICE
 from rlflow.data.tasks import TASKS
 from rlflow.models.loader import ATTN_IMPLEMENTATIONS
-from rlflow.reward.custom import load_custom_reward_fn
 from rlflow.utils.dtypes import DTYPES as _DTYPE_TABLE
 
 __all__ = ["KL_ESTIMATORS", "ROLLOUT_NAMES", "need_critic", "need_reference_policy", "validate_config"]
@@ -240,6 +238,12 @@ def _check_sharding(cfg: DictConfig, prefix: str) -> None:
     size = number(cfg, f"{prefix}.fsdp_size", integer=True)
     if size != -1 and size < 1:
         raise ValueError(f"{prefix}.fsdp_size={size} must be -1 (all ranks of the role) or >= 1")
+    if flag(cfg, f"{prefix}.offload_policy"):
+        key = prefix.rsplit(".", 1)[0]
+        raise ValueError(
+            f"{prefix}.offload_policy=true: rlflow's offload switch is {key}.fsdp_config.param_offload (with "
+            "fsdp2 it is FSDP2's CPUOffloadPolicy); set that instead"
+        )
     dtype = value_at(cfg, f"{prefix}.model_dtype")
     if dtype not in ("fp32", "float32"):
         raise ValueError(
@@ -503,91 +507,6 @@ def _check_layout(cfg: DictConfig, heads: int | None, kv_heads: int | None) -> N
     )
 
 
-# --------------------------------------------------------------------------- files and user code
-
-
-def _exists(path: str) -> bool:
-    return os.path.exists(os.path.expanduser(path))
-
-
-def _check_data_files(cfg: DictConfig, key: str) -> None:
-    value = value_at(cfg, key)
-    if value is None:
-        return
-    if isinstance(value, str):
-        items = [(key, value)]
-    elif isinstance(value, ListConfig | list | tuple) and len(value) > 0:
-        items = [(f"{key}[{i}]", path) for i, path in enumerate(value)]
-    else:
-        raise ValueError(f"{key}={value!r} must be a file path, a non-empty list of paths, or null")
-    for label, path in items:
-        if not isinstance(path, str):
-            raise ValueError(f"{label}={path!r} must be a file path")
-        if not _exists(path):
-            raise ValueError(
-                f"{label}: no such file {path!r} (resolved to {os.path.abspath(os.path.expanduser(path))})"
-            )
-
-
-def _check_local_path(cfg: DictConfig, key: str) -> None:
-    """A path that is clearly local (absolute, ``~``, ``./``, ``../``) must exist; hub ids pass."""
-    path = value_at(cfg, key)
-    if path is None or path.startswith("rlflow://"):
-        return
-    local = os.path.isabs(os.path.expanduser(path)) or path.startswith(("./", "../")) or path in (".", "..")
-    if local and not _exists(path):
-        raise ValueError(f"{key}={path!r}: no such file or directory")
-
-
-def _check_files(cfg: DictConfig) -> None:
-    _check_data_files(cfg, "data.train_files")
-    _check_data_files(cfg, "data.val_files")
-    for key in ("data.tokenizer", f"{MODEL}.path", f"{MODEL}.tokenizer_path"):
-        _check_local_path(cfg, key)
-    if need_critic(cfg):
-        _check_local_path(cfg, "critic.model.path")
-        _check_local_path(cfg, "critic.model.tokenizer_path")
-    if value_at(cfg, "reward_model.enable"):
-        _check_local_path(cfg, "reward_model.model.path")
-    if value_at(cfg, "trainer.resume_mode") == "resume_path":
-        path = value_at(cfg, "trainer.resume_from_path")
-        if path is None:
-            raise ValueError("trainer.resume_from_path must be set when trainer.resume_mode=resume_path")
-        if not _exists(path):
-            raise ValueError(
-                f"trainer.resume_from_path={path!r}: no such directory (trainer.resume_mode=resume_path)"
-            )
-
-
-def _check_custom_reward(cfg: DictConfig) -> None:
-    prefix = "custom_reward_function"
-    path, name = value_at(cfg, f"{prefix}.path"), value_at(cfg, f"{prefix}.name")
-    if path is None:
-        return
-    if not name:
-        raise ValueError(f"{prefix}.name must be set when {prefix}.path={path!r} is")
-    kwargs = value_at(cfg, f"{prefix}.reward_kwargs")
-    kwargs = OmegaConf.to_container(kwargs) if isinstance(kwargs, DictConfig) else dict(kwargs or {})
-    try:
-        load_custom_reward_fn(path, name, kwargs)
-    except Exception as err:
-        if isinstance(err, ValueError) and prefix in str(err):
-            raise
-        raise ValueError(f"{prefix} (path={path!r}, name={name!r}): {err}") from err
-
-
-def _check_custom_advantage(cfg: DictConfig) -> None:
-    prefix = "algorithm.custom_advantage_function"
-    path, name = value_at(cfg, f"{prefix}.path"), value_at(cfg, f"{prefix}.name")
-    if (path is None) != (name is None):
-        raise ValueError(
-            f"{prefix}.path and {prefix}.name must be set together (path={path!r}, name={name!r})"
-        )
-    if path is None:
-        return
-    load_custom_advantage_fn(path, name)  # its errors name the key path
-
-
 # --------------------------------------------------------------------------- entry point
 
 
@@ -625,7 +544,6 @@ def validate_config(
     check_filter_groups(cfg)
     check_rollout_correction(cfg)
     _check_layout(cfg, num_attention_heads, num_key_value_heads)
-    _check_files(cfg)
-    _check_custom_reward(cfg)
-    _check_custom_advantage(cfg)
+    check_files(cfg, critic=need_critic(cfg))
+    check_user_code(cfg)
     check_local_resources(cfg)

@@ -1,0 +1,104 @@
+"""Checks that touch the file system or import user code, used last by `config_validate`: data files,
+local model/tokenizer paths, the resume directory, ``custom_reward_function`` and
+``algorithm.custom_advantage_function``."""
+
+from __future__ import annotations
+
+import os
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from rlflow.algos.custom import load_custom_advantage_fn
+from rlflow.config.checks import value_at
+from rlflow.reward.custom import load_custom_reward_fn
+
+__all__ = ["check_files", "check_user_code"]
+
+
+def _exists(path: str) -> bool:
+    return os.path.exists(os.path.expanduser(path))
+
+
+def _check_data_files(cfg: DictConfig, key: str) -> None:
+    value = value_at(cfg, key)
+    if value is None:
+        return
+    if isinstance(value, str):
+        items = [(key, value)]
+    elif isinstance(value, ListConfig | list | tuple) and len(value) > 0:
+        items = [(f"{key}[{i}]", path) for i, path in enumerate(value)]
+    else:
+        raise ValueError(f"{key}={value!r} must be a file path, a non-empty list of paths, or null")
+    for label, path in items:
+        if not isinstance(path, str):
+            raise ValueError(f"{label}={path!r} must be a file path")
+        if not _exists(path):
+            raise ValueError(
+                f"{label}: no such file {path!r} (resolved to {os.path.abspath(os.path.expanduser(path))})"
+            )
+
+
+def _check_local_path(cfg: DictConfig, key: str) -> None:
+    """A path that is clearly local (absolute, ``~``, ``./``, ``../``) must exist; hub ids pass."""
+    path = value_at(cfg, key)
+    if path is None or path.startswith("rlflow://"):
+        return
+    local = os.path.isabs(os.path.expanduser(path)) or path.startswith(("./", "../")) or path in (".", "..")
+    if local and not _exists(path):
+        raise ValueError(f"{key}={path!r}: no such file or directory")
+
+
+def check_files(cfg: DictConfig, *, critic: bool) -> None:
+    """Data files, local model and tokenizer paths (the critic's when ``critic``), the resume path."""
+    _check_data_files(cfg, "data.train_files")
+    _check_data_files(cfg, "data.val_files")
+    for key in ("data.tokenizer", "actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path"):
+        _check_local_path(cfg, key)
+    if critic:
+        _check_local_path(cfg, "critic.model.path")
+        _check_local_path(cfg, "critic.model.tokenizer_path")
+    if value_at(cfg, "reward_model.enable"):
+        _check_local_path(cfg, "reward_model.model.path")
+    if value_at(cfg, "trainer.resume_mode") == "resume_path":
+        path = value_at(cfg, "trainer.resume_from_path")
+        if path is None:
+            raise ValueError("trainer.resume_from_path must be set when trainer.resume_mode=resume_path")
+        if not _exists(path):
+            raise ValueError(
+                f"trainer.resume_from_path={path!r}: no such directory (trainer.resume_mode=resume_path)"
+            )
+
+
+def _check_custom_reward(cfg: DictConfig) -> None:
+    prefix = "custom_reward_function"
+    path, name = value_at(cfg, f"{prefix}.path"), value_at(cfg, f"{prefix}.name")
+    if path is None:
+        return
+    if not name:
+        raise ValueError(f"{prefix}.name must be set when {prefix}.path={path!r} is")
+    kwargs = value_at(cfg, f"{prefix}.reward_kwargs")
+    kwargs = OmegaConf.to_container(kwargs) if isinstance(kwargs, DictConfig) else dict(kwargs or {})
+    try:
+        load_custom_reward_fn(path, name, kwargs)
+    except Exception as err:
+        if isinstance(err, ValueError) and prefix in str(err):
+            raise
+        raise ValueError(f"{prefix} (path={path!r}, name={name!r}): {err}") from err
+
+
+def _check_custom_advantage(cfg: DictConfig) -> None:
+    prefix = "algorithm.custom_advantage_function"
+    path, name = value_at(cfg, f"{prefix}.path"), value_at(cfg, f"{prefix}.name")
+    if (path is None) != (name is None):
+        raise ValueError(
+            f"{prefix}.path and {prefix}.name must be set together (path={path!r}, name={name!r})"
+        )
+    if path is None:
+        return
+    load_custom_advantage_fn(path, name)  # its errors name the key path
+
+
+def check_user_code(cfg: DictConfig) -> None:
+    """Import the custom reward and advantage functions, so a broken file fails before Ray starts."""
+    _check_custom_reward(cfg)
+    _check_custom_advantage(cfg)
