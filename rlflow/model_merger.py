@@ -42,6 +42,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from rlflow.models.loader import load_tokenizer, resolve_dtype
+from rlflow.models.lora import merge_lora_state_dict
 from rlflow.models.tiny import TINY_MODEL_SENTINEL, resolve_model_path
 
 __all__ = [
@@ -217,7 +218,7 @@ def merge_checkpoint(
         raise ValueError(f"--role {role!r} must be one of {list(ROLES)}")
     ckpt = _checkpoint_dir(local_dir, role)
     base = resolve_base_model_path(ckpt, model_path)
-    state = load_checkpoint_state_dict(ckpt)
+    state = merge_lora_state_dict(load_checkpoint_state_dict(ckpt))  # LoRA adapters folded in
     if dtype is not None:
         cast = resolve_dtype(dtype)
         state = {k: v.to(cast) if v.is_floating_point() else v for k, v in state.items()}

@@ -33,6 +33,8 @@ scripts)                                    (the chat template's switch)
 (older verl)
 ``actor.entropy_from_logits_with_chunking``,  dropped, logged (`INERT_FLAGS`): rlflow's entropy is always
 ``entropy_checkpointing`` (actor and ref)   chunked and recomputed in the backward
+``model.use_shm``, ``rollout.layered_summon``  dropped, logged (`INERT_FLAGS`): load / weight-sync speed-ups
+``rollout.load_format``                      dropped, logged (`INERT_CHOICES`): the engine's first weights
 ==========================================  ==============================================
 
 The early-2025 spelling (one verl release, e.g. its ``run_deepseek7b_llm_sp2.sh`` at that time) had no
@@ -54,6 +56,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "COEF_ALIASES",
     "FLAG_ALIASES",
+    "INERT_CHOICES",
     "INERT_FLAGS",
     "KEY_ALIASES",
     "canonical_key",
@@ -100,9 +103,40 @@ INERT_FLAGS: dict[str, str] = {
         for key in ("entropy_from_logits_with_chunking", "entropy_checkpointing")
     },
     "actor_rollout_ref.actor.fsdp_config.entropy_checkpointing": _ENTROPY_ALWAYS,
+    **{
+        f"{section}.use_shm": (
+            "verl copies the model into /dev/shm to load it faster; rlflow reads model.path once, on rank 0 "
+            "(the other ranks receive their shards), with the same result either way"
+        )
+        for section in ("actor_rollout_ref.model", "critic.model", "reward_model.model")
+    },
+    "actor_rollout_ref.rollout.layered_summon": (
+        "verl gathers LoRA weights layer by layer to bound the memory of the sync; rlflow's sync always "
+        "gathers in buckets of rollout.update_weights_bucket_megabytes and folds the adapters bucket by bucket"
+    ),
 }
 """verl boolean keys whose both values rlflow's one code path satisfies: checked to be booleans, logged,
 and dropped (no schema key would change anything)."""
+
+INERT_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
+    "actor_rollout_ref.rollout.load_format": (
+        (
+            "dummy",
+            "dummy_dtensor",
+            "auto",
+            "safetensors",
+            "hf",
+            "pt",
+            "dtensor",
+            "dummy_hf",
+            "dummy_megatron",
+        ),
+        "how verl's vLLM loads its first weights; rlflow's engine starts on dummy weights and receives the "
+        "actor's before every generation, which is what each of these formats ends in",
+    ),
+}
+"""verl keys whose every listed value rlflow's one code path satisfies -> (those values, why): checked,
+logged and dropped; another value is refused naming the key."""
 
 COEF_ALIASES: dict[str, tuple[str, str]] = {
     "actor_rollout_ref.actor.kl_loss.coef": (
@@ -149,6 +183,9 @@ def rewrite_overrides(overrides: Iterable[str]) -> list[str]:
                 _noted.add(key)
                 logger.info("config key %s%s changes nothing: %s", key, rest, INERT_FLAGS[key])
             continue
+        if key in INERT_CHOICES and rest and prefix != "~":
+            _inert_choice(key, unquote(rest.removeprefix("=")))
+            continue
         if key in COEF_ALIASES and rest:
             out.extend(_coef(key, rest.removeprefix("=")))
             continue
@@ -157,6 +194,15 @@ def rewrite_overrides(overrides: Iterable[str]) -> list[str]:
             _note(key, new)
         out.append(prefix + new + rest)
     return rewrite_profiler_overrides(out)
+
+
+def _inert_choice(key: str, value: str) -> None:
+    choices, why = INERT_CHOICES[key]
+    if value not in choices:
+        raise ValueError(f"{key}={value!r} must be one of {list(choices)} ({why})")
+    if key not in _noted:
+        _noted.add(key)
+        logger.info("config key %s=%s changes nothing: %s", key, value, why)
 
 
 def _flag(key: str, value: str, done: list[str], overrides: Iterable[str]) -> list[str]:

@@ -143,6 +143,15 @@ class ModelConfig:
         use_fused_kernels: the actor and the reference compute log-probs and entropy from the hidden
             states chunk by chunk, never holding the whole micro-batch's logits (`rlflow.models.fused_head`).
         fused_kernel_options: ``impl_backend``: torch (the chunked PyTorch head; verl's triton is refused).
+        lora_rank: > 0 trains LoRA adapters of this rank on the actor's linear layers, everything else
+            frozen (`rlflow.models.lora`); 0 trains every weight. The rollout, the HF export and the
+            merger get the merged weights; the reference stays the base model.
+        lora_alpha: the adapters' scale is ``lora_alpha / lora_rank``.
+        target_modules: ``all-linear`` (every linear layer but the LM head), a list of module-name
+            suffixes (``[q_proj,v_proj]``) or one regular expression over the full module name.
+        exclude_modules: module-name suffixes (or one regular expression) taken out of the targets.
+        lora_adapter_path: verl's saved PEFT adapter to start from: null only (merge it into the base
+            model and point ``path`` at the result).
     """
 
     path: str | None = None
@@ -155,6 +164,11 @@ class ModelConfig:
     external_lib: Any = None
     use_fused_kernels: bool = False
     fused_kernel_options: FusedKernelOptions = field(default_factory=FusedKernelOptions)
+    lora_rank: int = 0
+    lora_alpha: float = 16
+    target_modules: Any = "all-linear"
+    exclude_modules: Any = None
+    lora_adapter_path: str | None = None
 
 
 @dataclass

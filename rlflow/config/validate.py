@@ -46,6 +46,7 @@ from rlflow.config.checks import (
 )
 from rlflow.config.correction_checks import check_rollout_correction
 from rlflow.config.file_checks import check_files, check_user_code
+from rlflow.config.lora_checks import check_lora
 from rlflow.config.resource_checks import check_local_resources
 from rlflow.config.reward_checks import check_filter_groups, check_reward_model
 from rlflow.config.rollout_checks import ROLLOUT_NAMES, check_rollout
@@ -538,6 +539,7 @@ def validate_config(
     _check_data(cfg)
     _check_algorithm(cfg)
     _check_actor(cfg)
+    check_lora(cfg)
     check_rollout(cfg)
     _check_critic(cfg)
     check_reward_model(cfg)

@@ -23,7 +23,10 @@ MEGATRON_ADVICE = (
     "megatron.* keys and run strategy=fsdp2 (or fsdp), which shards parameters, gradients and optimizer "
     "state over the data-parallel ranks; long sequences split with ulysses_sequence_parallel_size"
 )
-_LORA = "LoRA adapters are not supported (rlflow trains every weight): drop the LoRA keys, or train a smaller model"
+_CRITIC_LORA = (
+    "LoRA adapters are for the actor only (actor_rollout_ref.model.lora_rank): the critic trains every weight; "
+    "drop the key, or give the critic a smaller model (critic.model.path)"
+)
 
 VERL_UNSUPPORTED: dict[str, str] = {
     "actor_rollout_ref.model.use_liger": (
@@ -42,9 +45,7 @@ VERL_UNSUPPORTED: dict[str, str] = {
         "rlflow has no such key: every step logs its phase times (timing_s/*), and trainer.profile_steps "
         "records traces of chosen steps; drop it"
     ),
-    "actor_rollout_ref.model.lora_rank": _LORA,
-    "actor_rollout_ref.model.lora_alpha": _LORA,
-    "actor_rollout_ref.model.target_modules": _LORA,
+    **{f"critic.model.{key}": _CRITIC_LORA for key in ("lora_rank", "lora_alpha", "target_modules")},
     **{
         f"{role}.megatron": MEGATRON_ADVICE
         for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")
@@ -56,10 +57,6 @@ VERL_UNSUPPORTED: dict[str, str] = {
     "actor_rollout_ref.rollout.multi_stage_wake_up": (
         "SGLang's staged wake-up of weights and KV cache: rlflow's engines (hf, vllm) wake in one step between "
         "the update and the next generation; drop the key"
-    ),
-    "actor_rollout_ref.model.use_shm": (
-        "verl copies the model to /dev/shm before loading it; rlflow loads from model.path (rank 0 reads it, "
-        "the other ranks receive their shards): drop the key"
     ),
     "profile": (
         "verl's Ascend NPU profiler section (profile.options.*): rlflow records torch.profiler traces with "
@@ -79,10 +76,6 @@ VERL_UNSUPPORTED: dict[str, str] = {
     ),
     "reward_model.strategy": (
         "the reward model runs as one full copy per rank (forward only, no FSDP): drop the key"
-    ),
-    "actor_rollout_ref.rollout.load_format": (
-        "vLLM's weight-loading format (safetensors / dummy / layered summon for LoRA): rlflow's vLLM engine "
-        "starts from the model path and then receives the actor's weights each step; drop the key"
     ),
 }
 """verl key (or section) -> why rlflow lacks it and what to do."""

@@ -29,6 +29,7 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -284,6 +285,7 @@ def export_hf(
     out_dir: str | os.PathLike,
     hf_config: Any | None = None,
     dtype: torch.dtype | None = None,
+    state_fn: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
 ) -> str:
     """Write a HF model directory (config, safetensors, generation config, tokenizer) (collective).
 
@@ -298,12 +300,16 @@ def export_hf(
         out_dir: target directory (replaced when it exists).
         hf_config: HF config to write; ``None`` = the model's ``config``.
         dtype: cast floating-point weights to this dtype (e.g. ``torch.bfloat16``); ``None`` keeps them.
+        state_fn: applied to the full state dict on rank 0 before anything else, e.g.
+            `rlflow.models.lora.merge_lora_state_dict` (the adapters folded into the base weights).
 
     Returns:
         ``out_dir`` as a string.
     """
     state = get_full_state_dict(model, rank0_only=True)
     if _rank() == 0:
+        if state_fn is not None:
+            state = state_fn(state)
         inner = unwrap_model(model)
         # A copy: save_pretrained records dtype/architectures in the config it writes.
         config = copy.deepcopy(hf_config if hf_config is not None else inner.config)

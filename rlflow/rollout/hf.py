@@ -41,7 +41,7 @@ from torch.distributed.tensor import DTensor
 
 from rlflow.models.attention import GENERATION_ATTENTION
 from rlflow.parallel.distributed import get_rank
-from rlflow.parallel.weight_buckets import MIB, iter_full_param_buckets
+from rlflow.parallel.weight_buckets import MIB
 from rlflow.protocol import DataProto
 from rlflow.rollout.base import (
     ROLLOUT_KEY,
@@ -54,6 +54,7 @@ from rlflow.rollout.base import (
 )
 from rlflow.rollout.kv_cache import PreallocatedCache, supports_preallocated_cache
 from rlflow.rollout.sampling import row_keys, sample_next_token
+from rlflow.rollout.weights import full_weights, merged_tensor
 from rlflow.utils.dtypes import to_torch_dtype
 
 if TYPE_CHECKING:
@@ -261,17 +262,16 @@ def sync_replica_weights(module: nn.Module, replica: nn.Module, bucket_bytes: in
     if isinstance(module, FSDP):
         with torch.no_grad(), FSDP.summon_full_params(module, writeback=False):
             for name, target in itertools.chain(replica.named_parameters(), replica.named_buffers()):
-                _copy_into(name, target, _module_tensor(module, name))
+                _copy_into(name, target, merged_tensor(module, name, _module_tensor(module, name)))
         return
     targets = dict(replica.named_parameters())
     with torch.no_grad():
-        for bucket in iter_full_param_buckets(module, bucket_bytes):
-            for name, full in bucket:
-                target = targets.pop(name, None)
-                if target is None:
-                    raise ValueError(f"generation replica: it has no parameter {name!r} of the sharded model")
-                _copy_into(name, target, full)
-            del bucket
+        for name, full in full_weights(module, bucket_bytes):
+            target = targets.pop(name, None)
+            if target is None:
+                raise ValueError(f"generation replica: it has no parameter {name!r} of the sharded model")
+            _copy_into(name, target, full)
+            del full
         if targets:
             raise ValueError(f"generation replica: the sharded model has no tensor {sorted(targets)[0]!r}")
         for name, target in replica.named_buffers():

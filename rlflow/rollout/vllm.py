@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from rlflow.parallel.distributed import get_rank
-from rlflow.parallel.weight_buckets import MIB, iter_full_param_buckets
+from rlflow.parallel.weight_buckets import MIB
 from rlflow.protocol import DataProto
 from rlflow.rollout.base import (
     BaseRollout,
@@ -50,6 +50,7 @@ from rlflow.rollout.base import (
     warn_unread_engine_kwargs,
 )
 from rlflow.rollout.sampling import row_keys
+from rlflow.rollout.weights import full_weights
 from rlflow.utils.dtypes import to_torch_dtype
 
 try:
@@ -188,8 +189,7 @@ class VLLMRollout(BaseRollout):
     def sync_weights(self) -> None:
         """Push the actor's full weights into the engine (collective over the actor): gathered in buckets
         of ``update_weights_bucket_megabytes``, one collective each, handed to ``load_weights`` in order."""
-        buckets = iter_full_param_buckets(self.module, int(self.config.update_weights_bucket_megabytes) * MIB)
-        weights = (item for bucket in buckets for item in bucket)
+        weights = full_weights(self.module, int(self.config.update_weights_bucket_megabytes) * MIB)
         if hasattr(self.engine, "apply_model"):
             self.engine.apply_model(lambda model: model.load_weights(weights=weights))
             return

@@ -21,6 +21,7 @@ from rlflow.config.reads import track_reads, tracking_enabled
 from rlflow.config.schema import OptimConfig, PPOTrainerConfig
 from rlflow.engine.optim import build_lr_scheduler, build_optimizer
 from rlflow.models.loader import load_model_config, load_tokenizer
+from rlflow.models.lora import merge_lora_state_dict
 from rlflow.parallel.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from rlflow.parallel.distributed import current_device
 from rlflow.parallel.sharded import load_optimizer_to_device, offload_optimizer_to_cpu
@@ -96,7 +97,9 @@ class RoleWorker(Worker):
         self.module = build_role_module(kind, layout, self.parallel, seed)
         if optim is not None:
             key = f"{layout.key_prefix}.optim"
-            self.optimizer = build_optimizer(self.module.parameters(), optim)
+            # only what trains (all of it, or the LoRA adapters): frozen weights get no optimizer state
+            trainable = [p for p in self.module.parameters() if p.requires_grad]
+            self.optimizer = build_optimizer(trainable, optim)
             self.lr_scheduler = build_lr_scheduler(self.optimizer, optim, self.total_training_steps, key)
         self._offload_optimizer()
         self._init_roles()
@@ -163,7 +166,7 @@ class RoleWorker(Worker):
             else None
         )
         if saves_hf_model(self.checkpoint_section()):
-            export_hf(self.module, tokenizer, hf_dir)
+            export_hf(self.module, tokenizer, hf_dir, state_fn=merge_lora_state_dict)
         elif self.rank == 0:
             _hf_config(model).save_pretrained(hf_dir)
             tokenizer.save_pretrained(hf_dir)
@@ -192,4 +195,4 @@ class RoleWorker(Worker):
         """Write a HF model directory (with the tokenizer) that ``from_pretrained`` loads."""
         model = self.layout.model
         tokenizer = load_tokenizer(tokenizer_path(model), trust_remote_code=bool(model.trust_remote_code))
-        export_hf(self.module, tokenizer, out_dir)
+        export_hf(self.module, tokenizer, out_dir, state_fn=merge_lora_state_dict)

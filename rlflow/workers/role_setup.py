@@ -20,6 +20,7 @@ from rlflow.config.schema import FSDPConfig, PPOTrainerConfig
 from rlflow.models.attention import set_packed_attention
 from rlflow.models.fused_head import install_fused_head
 from rlflow.models.loader import load_causal_lm, load_model_config, load_value_model
+from rlflow.models.lora import LoRASpec, inject_lora
 from rlflow.models.tiny import resolve_model_path
 from rlflow.parallel.dims import ParallelDims
 from rlflow.parallel.distributed import init_distributed
@@ -73,6 +74,8 @@ class RoleLayout:
         fsdp: the ``fsdp_config`` section.
         timeout_s: the role's process-group timeout in seconds (verl's ``nccl_timeout``; the gloo
             group's too); None keeps torch's default.
+        lora: the LoRA adapters to add before sharding (the actor with ``model.lora_rank > 0``); None
+            trains every weight.
     """
 
     key_prefix: str
@@ -81,6 +84,20 @@ class RoleLayout:
     sp_size: int
     fsdp: FSDPConfig
     timeout_s: float | None = None
+    lora: LoRASpec | None = None
+
+
+def lora_spec(model: Any) -> LoRASpec | None:
+    """The actor's adapters from ``actor_rollout_ref.model`` (None when ``lora_rank`` is 0)."""
+    rank, alpha = int(model.lora_rank), float(model.lora_alpha)
+    targets, excluded = model.target_modules, model.exclude_modules
+    if rank == 0:
+        return None
+
+    def names(value: Any) -> str | tuple[str, ...]:
+        return value if isinstance(value, str) else tuple(str(v) for v in value)
+
+    return LoRASpec(rank, alpha, names(targets), None if excluded is None else names(excluded))
 
 
 def actor_layout(config: PPOTrainerConfig) -> RoleLayout:
@@ -94,6 +111,7 @@ def actor_layout(config: PPOTrainerConfig) -> RoleLayout:
         actor.ulysses_sequence_parallel_size,
         actor.fsdp_config,
         float(arr.nccl_timeout),
+        lora_spec(arr.model),
     )
 
 
@@ -224,6 +242,8 @@ def build_role_module(
             model = load_causal_lm(
                 path, attn_implementation=attn, trust_remote_code=trust, override_config=overrides
             )
+        if layout.lora is not None:
+            inject_lora(model, layout.lora, seed)
         if model_cfg.use_remove_padding:
             set_packed_attention(model)
         if kind == "causal_lm" and getattr(model_cfg, "use_fused_kernels", False):

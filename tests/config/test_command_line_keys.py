@@ -45,7 +45,15 @@ def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, me
             "reward_model.sandbox_fusion_url=https://x",
             "reward_model.sandbox_fusion_url: verl's SandboxFusion",
         ),
-        ("actor_rollout_ref.model.lora_rank=32", "LoRA adapters are not supported"),
+        ("critic.model.lora_rank=32", "LoRA adapters are for the actor only"),
+        (
+            "actor_rollout_ref.model.lora_adapter_path=/adapter",
+            "starting from a saved PEFT adapter is not supported",
+        ),
+        (
+            "actor_rollout_ref.rollout.load_format=nonsense",
+            "actor_rollout_ref.rollout.load_format='nonsense' must be one of",
+        ),
         (
             "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
             "actor_rollout_ref.actor.megatron.tensor_model_parallel_size: rlflow has no Megatron-LM backend",
@@ -69,7 +77,6 @@ def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, me
             "rlflow's offload switch is critic.fsdp_config.param_offload",
         ),
         ("actor_rollout_ref.model.enable_activation_offload=true", "activation offload to host memory"),
-        ("actor_rollout_ref.model.use_shm=true", "verl copies the model to /dev/shm"),
         ("profile.options.level=level1", "profile.options.level: verl's Ascend NPU profiler section"),
         ("data.custom_cls.path=x.py", "data.custom_cls.path: a dataset class of your own"),
         ("data.trust_remote_code=true", "rlflow is text-only"),
@@ -102,10 +109,15 @@ def test_more_verl_spellings_are_aliases():
             "actor_rollout_ref.ref.fsdp_config.reshard_after_forward=false",
             "actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params=0",
             "actor_rollout_ref.actor.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap=[Qwen2DecoderLayer]",
+            "actor_rollout_ref.model.use_shm=true",  # load / sync speed-ups of verl: dropped, logged
+            "critic.model.use_shm=false",
+            "actor_rollout_ref.rollout.layered_summon=true",
+            "actor_rollout_ref.rollout.load_format=safetensors",
         ],
         config_name="demo",
     )
     validate_config(cfg)
+    assert "use_shm" not in cfg.actor_rollout_ref.model and "load_format" not in cfg.actor_rollout_ref.rollout
     assert (cfg.actor_rollout_ref.actor.grad_clip, cfg.critic.grad_clip) == (0.3, 0.7)
     assert cfg.trainer.log_val_generations == 3
     assert cfg.data.apply_chat_template_kwargs == {"enable_thinking": False}

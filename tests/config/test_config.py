@@ -488,6 +488,28 @@ BAD_CONFIGS = [
         "trainer.resume_from_path='{missing}': no such directory",
     ),
     (["custom_reward_function.path={missing}"], {}, "custom_reward_function"),
+    # LoRA on the actor
+    (["actor_rollout_ref.model.lora_rank=-1"], {}, "actor_rollout_ref.model.lora_rank=-1 must be >= 0"),
+    (
+        ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=0"],
+        {},
+        "actor_rollout_ref.model.lora_alpha=0.0 must be > 0",
+    ),
+    (
+        ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.target_modules=[]"],
+        {},
+        "actor_rollout_ref.model.target_modules=[] must be all-linear, a non-empty list",
+    ),
+    (
+        ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.exclude_modules=all-linear"],
+        {},
+        "actor_rollout_ref.model.exclude_modules='all-linear': give module-name suffixes",
+    ),
+    (
+        ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.ref.sync_ref_model=true"],
+        {},
+        "actor_rollout_ref.ref.sync_ref_model=true with actor_rollout_ref.model.lora_rank=8",
+    ),
     (
         ["custom_reward_function.path={reward}", "custom_reward_function.name=nope"],
         {},

@@ -231,3 +231,50 @@ GRPO_GLM41V_9B = [
     "actor_rollout_ref.actor.checkpoint.save_contents=['model','optimizer','extra','hf_model']",
     "trainer.device=cpu",  # env: cuda
 ]
+
+
+# examples/grpo_trainer/run_qwen2_5-3b_gsm8k_grpo_lora.sh: GRPO training LoRA adapters (rank 64, alpha 32,
+# every linear layer) with vLLM loading safetensors and summoning the weights layer by layer.
+GRPO_QWEN25_3B_LORA = [
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=8",  # env: 1024
+    "data.max_prompt_length=32",  # env: 512
+    "data.max_response_length=8",  # env: 1024
+    "data.filter_overlong_prompts=True",
+    "data.truncation='error'",
+    "data.shuffle=False",
+    "actor_rollout_ref.model.use_shm=True",
+    "actor_rollout_ref.model.lora_rank=64",
+    "actor_rollout_ref.model.lora_alpha=32",
+    "actor_rollout_ref.actor.optim.lr=3e-6",
+    "actor_rollout_ref.model.use_remove_padding=True",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # env: 256
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5",  # env: 40
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.actor.kl_loss_coef=0.001",
+    "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+    "actor_rollout_ref.actor.entropy_coeff=0",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=5",  # env: 40
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # env: 2
+    "actor_rollout_ref.rollout.name=hf",  # env: vllm
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+    "actor_rollout_ref.rollout.n=5",
+    "actor_rollout_ref.rollout.load_format=safetensors",
+    "actor_rollout_ref.rollout.layered_summon=True",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=5",  # env: 40
+    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+    "algorithm.use_kl_in_reward=False",
+    "trainer.critic_warmup=0",
+    "trainer.logger=[console]",  # env: console + wandb
+    "trainer.project_name='verl_grpo_example_gsm8k'",
+    "trainer.experiment_name='qwen2_7b_function_rm'",
+    "trainer.n_gpus_per_node=2",  # env: 8
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
+    "trainer.nnodes=1",
+    "trainer.save_freq=20",
+    "trainer.test_freq=5",
+    "trainer.total_epochs=15",
+]
