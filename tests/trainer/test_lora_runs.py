@@ -23,9 +23,12 @@ from tests.trainer.verl_scripts import GRPO_QWEN25_3B_LORA
 
 # Test-only edits, on top of the script's environment edits: a learning rate at which 2 steps move the
 # adapters far enough for a wrong merge to show in the log-prob agreement (the script's 3e-6 would not),
-# the rollout's own log-probs, and a checkpoint with a Hugging Face copy after every step.
+# one optimizer step per training step (so step 1's numbers are all taken before any update and two
+# layouts can be compared), the rollout's own log-probs, and a checkpoint with a Hugging Face copy after
+# every step.
 EDITS = [
     "actor_rollout_ref.actor.optim.lr=1e-2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
     "actor_rollout_ref.rollout.calculate_log_probs=True",
     "trainer.total_training_steps=2",
     "trainer.save_freq=1",
