@@ -41,7 +41,7 @@ from rlflow.protocol import DataProto
 
 ROWS, PROMPT_LEN, RESPONSE_LEN = 8, 24, 16
 ACTOR, CRITIC, ROLLOUT = "actor_rollout_ref.actor", "critic", "actor_rollout_ref.rollout"
-_INTERPOLATION = re.compile(r"\$\{(\.*[\w.]+)\}")
+_INTERPOLATION = re.compile(r"\$\{([\w.]+)\}")
 
 
 # --------------------------------------------------------------------------- config without Hydra
@@ -54,18 +54,14 @@ def _get(obj: Any, path: str) -> Any:
 
 
 def _target(path: str, root: Any, node_path: str) -> tuple[Any, str]:
-    """The value ``${path}`` names, written in the node at ``node_path``, and its absolute path.
-
-    A relative path (OmegaConf's ``${.key}``: a sibling; each further dot one node up) resolves from
-    the node that holds the interpolation.
-    """
+    """The value ``${path}`` names, written in the node at ``node_path``, and its absolute path
+    (OmegaConf's relative ``${.key}`` is a sibling; each further dot goes one node up)."""
     if path.startswith("."):
-        up = len(path) - len(path.lstrip(".")) - 1
-        parts = node_path.split(".") if node_path else []
+        key, parts = path.lstrip("."), node_path.split(".") if node_path else []
+        up = len(path) - len(key) - 1
         if up > len(parts):
             raise ValueError(f"${{{path}}} in {node_path or 'the root'} points above the root")
-        base = ".".join(parts[: len(parts) - up])
-        path = f"{base}.{path.lstrip('.')}" if base else path.lstrip(".")
+        path = ".".join([*parts[: len(parts) - up], key])
     return _get(root, path), path
 
 

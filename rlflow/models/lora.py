@@ -186,7 +186,7 @@ def merge_lora_stream(
     pending: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in pairs:
         prefix, _, leaf = name.rpartition(".")
-        if prefix not in adapted or leaf not in ("weight", "lora_A", "lora_B", "lora_scaling"):
+        if prefix not in adapted or leaf not in ("weight", *_LORA_LEAVES):
             yield name, tensor
             continue
         if leaf == "lora_scaling":
@@ -211,23 +211,11 @@ def merge_lora_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     adapters comes back unchanged.
 
     Raises:
-        ValueError: an adapted module lacks one of its tensors.
+        ValueError: an adapted module lacks one of its tensors (`merge_lora_stream`).
     """
-    adapted = {n[: -len(".lora_A")] for n in state if n.endswith(".lora_A")}
-    adapted |= {n[: -len(".lora_B")] for n in state if n.endswith(".lora_B")}
-    if not adapted:
-        return dict(state)
-    out: dict[str, torch.Tensor] = {}
-    for prefix in adapted:
-        missing = [leaf for leaf in ("weight", *_LORA_LEAVES) if f"{prefix}.{leaf}" not in state]
-        if missing:
-            raise ValueError(f"LoRA merge: {prefix} has adapters but no {missing}")
-    for name, tensor in state.items():
-        prefix, _, leaf = name.rpartition(".")
-        if prefix in adapted and leaf in _LORA_LEAVES:
-            continue
-        if prefix in adapted and leaf == "weight":
-            scaling = float(state[f"{prefix}.lora_scaling"])
-            tensor = merge_lora_weights(tensor, state[f"{prefix}.lora_A"], state[f"{prefix}.lora_B"], scaling)
-        out[name] = tensor
-    return out
+    adapted = {n.rpartition(".")[0] for n in state if n.endswith((".lora_A", ".lora_B"))}
+    missing = sorted(p for p in adapted if f"{p}.lora_scaling" not in state)
+    if missing:
+        raise ValueError(f"LoRA merge: {missing[:3]} have adapters but no lora_scaling")
+    scalings = {p: float(state[f"{p}.lora_scaling"]) for p in adapted}
+    return dict(merge_lora_stream(state.items(), scalings))

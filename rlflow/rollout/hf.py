@@ -40,6 +40,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.tensor import DTensor
 
 from rlflow.models.attention import GENERATION_ATTENTION
+from rlflow.models.lora import LoRALinear, merge_lora_weights
 from rlflow.parallel.distributed import get_rank
 from rlflow.parallel.weight_buckets import MIB
 from rlflow.protocol import DataProto
@@ -54,7 +55,7 @@ from rlflow.rollout.base import (
 )
 from rlflow.rollout.kv_cache import PreallocatedCache, supports_preallocated_cache
 from rlflow.rollout.sampling import row_keys, sample_next_token
-from rlflow.rollout.weights import full_weights, merged_tensor
+from rlflow.rollout.weights import full_weights
 from rlflow.utils.dtypes import to_torch_dtype
 
 if TYPE_CHECKING:
@@ -262,7 +263,7 @@ def sync_replica_weights(module: nn.Module, replica: nn.Module, bucket_bytes: in
     if isinstance(module, FSDP):
         with torch.no_grad(), FSDP.summon_full_params(module, writeback=False):
             for name, target in itertools.chain(replica.named_parameters(), replica.named_buffers()):
-                _copy_into(name, target, merged_tensor(module, name, _module_tensor(module, name)))
+                _copy_into(name, target, _merged_module_tensor(module, name))
         return
     targets = dict(replica.named_parameters())
     with torch.no_grad():
@@ -284,6 +285,17 @@ def _module_tensor(module: nn.Module, name: str) -> torch.Tensor:
         return _get_attr_path(module, name)
     except AttributeError as exc:
         raise ValueError(f"generation replica: the sharded model has no tensor {name!r}") from exc
+
+
+def _merged_module_tensor(module: nn.Module, name: str) -> torch.Tensor:
+    """``module``'s tensor ``name`` (inside FSDP1's ``summon_full_params``), the weight of a `LoRALinear`
+    merged with its adapters."""
+    tensor = _module_tensor(module, name)
+    prefix, _, leaf = name.rpartition(".")
+    owner = _get_attr_path(module, prefix) if prefix and leaf == "weight" else None
+    if not isinstance(owner, LoRALinear):
+        return tensor
+    return merge_lora_weights(tensor, owner.lora_A, owner.lora_B, float(owner.lora_scaling))
 
 
 def _copy_into(name: str, target: torch.Tensor, source: torch.Tensor) -> None:

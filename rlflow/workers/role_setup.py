@@ -89,6 +89,7 @@ class RoleLayout:
 
 def lora_spec(model: Any) -> LoRASpec | None:
     """The actor's adapters from ``actor_rollout_ref.model`` (None when ``lora_rank`` is 0)."""
+    # every LoRA key is read whatever the rank: accepted keys are read (tests/config/test_config_reads.py)
     rank, alpha = int(model.lora_rank), float(model.lora_alpha)
     targets, excluded = model.target_modules, model.exclude_modules
     if rank == 0:
