@@ -6,7 +6,8 @@ parameter. Gathering them one ``DTensor.full_tensor()`` at a time costs one all-
 model takes 116 ms that way against 12 ms with one coalesced all-gather (13M: 224 vs 141 ms,
 ``scripts/bench`` notes in docs/benchmarks.md). `iter_full_param_buckets` packs consecutive parameters
 into buckets of at most ``bucket_bytes`` (``actor_rollout_ref.rollout.update_weights_bucket_megabytes``,
-verl's key) and gathers each bucket with one ``all_gather_single``.
+verl's key) and gathers each bucket with one ``all_gather_single`` (``all_gather_into_tensor`` on torch
+before 2.13, which has no ``all_gather_single``).
 
 Layout of one bucket's gather. FSDP2 shards every parameter along dim 0 the way ``torch.chunk`` does:
 rank ``r`` holds rows ``[r * c, min((r + 1) * c, n))`` with ``c = ceil(n / world)`` (the last ranks may
@@ -58,6 +59,13 @@ def _signature(param: torch.Tensor) -> tuple:
     return ("shard0", param.device_mesh, param.dtype, param.to_local().device)
 
 
+def _all_gather_single():
+    """torch >= 2.13's ``dist.all_gather_single``, or the older name of the same collective (which 2.13
+    deprecates); looked up at call time, so the collective can be wrapped (the tests count calls)."""
+    gather = getattr(dist, "all_gather_single", None)
+    return gather if gather is not None else dist.all_gather_into_tensor
+
+
 def _gather_shard0(params: list[DTensor]) -> list[torch.Tensor]:
     """Full tensors of dim-0 sharded DTensors on one 1-D mesh, with one all-gather (see the module doc)."""
     mesh = params[0].device_mesh
@@ -72,7 +80,7 @@ def _gather_shard0(params: list[DTensor]) -> list[torch.Tensor]:
             pieces.append(local.new_zeros(width - local.numel()))
     flat = torch.cat(pieces)
     out = flat.new_empty(world * flat.numel())
-    dist.all_gather_single(out, flat, group=mesh.get_group(0))
+    _all_gather_single()(out, flat, group=mesh.get_group(0))
     blocks = out.view(world, flat.numel())
     full, offset = [], 0
     for p, r, width in zip(params, rows, widths):

@@ -368,7 +368,7 @@ def _gpu_worker(rank: int) -> dict:
         _load_fn,
         dims,
         "fsdp2",
-        mixed_precision={"param_dtype": "bf16", "reduce_dtype": "fp32"},
+        mixed_precision=MixedPrecisionSection(param_dtype="bf16", reduce_dtype="fp32"),
         cpu_offload=True,
     )
     loss = _mean_nll(model, _batch().cuda())

@@ -96,3 +96,29 @@ def test_buckets_follow_the_byte_budget_and_gather_exactly_once_each():
         # every parameter of the model (embeddings, 2 layers, norm, head) in one all-gather, bit-exact
         assert out["replica_exact"] and out["replica_params"] > 20
         assert out["replica_gathers"] == 1
+
+
+def _worker_older_torch(rank: int) -> dict:
+    """torch < 2.13 has no ``dist.all_gather_single`` (seen on a GPU machine's torch 2.11): the buckets
+    must gather through ``all_gather_into_tensor`` there."""
+    calls = [0]
+    original = dist.all_gather_into_tensor
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    if hasattr(dist, "all_gather_single"):
+        del dist.all_gather_single
+    dist.all_gather_into_tensor = counting
+    model = Toy()
+    reference = {name: p.detach().clone() for name, p in model.named_parameters()}
+    fully_shard(model)
+    buckets = list(iter_full_param_buckets(model, 90))
+    exact = all(torch.equal(t, reference[name]) for b in buckets for name, t in b)
+    return {"exact": exact, "gathers": calls[0], "buckets": len(buckets)}
+
+
+def test_buckets_gather_on_a_torch_without_all_gather_single():
+    for out in spawn_workers(_worker_older_torch, 2):
+        assert out == {"exact": True, "gathers": 3, "buckets": 3}
