@@ -159,8 +159,9 @@ CLASS_NOTES: dict[str, dict[str, str]] = {
         "cpus_per_worker": "CPUs of one bundle, shared by the roles colocated on it. The roles take turns, so "
         "each computes with all of them: every worker's `OMP_NUM_THREADS` is `int(cpus_per_worker)` (at least "
         "1; an `OMP_NUM_THREADS` in the driver's environment wins). Also the thread count of the CPU "
-        "peak-FLOP/s estimate. On a CPU machine with C cores, `n_gpus_per_node=1 cpus_per_worker=C` is usually "
-        "faster than C single-thread ranks (docs/benchmarks.md)",
+        "peak-FLOP/s estimate. null = the Ray cluster's CPUs shared evenly by the nnodes x n_gpus_per_node ranks "
+        "(at least 1), what the demo uses. On a CPU machine with C cores one rank with every core is faster "
+        "than C single-thread ranks (the demo: 1.4x on 2 cores, docs/benchmarks.md)",
         "total_epochs": "passes over the training prompts (the run stops earlier at total_training_steps)",
         "val_before_train": "validate once before the first step (not when resuming)",
         "default_local_dir": "checkpoint root: global_step_N/{actor,critic}/ and the driver state",

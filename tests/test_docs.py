@@ -160,7 +160,9 @@ def _refused(key: str, value: str | None) -> bool:
     from rlflow.config import validate_config
 
     try:
-        validate_config(load_config([f"{key}={value if value is not None else 1}"], config_name="demo"))
+        validate_config(
+            load_config([f"{key}={value if value is not None else 1}"], config_name="demo_two_ranks")
+        )
     except ValueError:
         return True
     return False

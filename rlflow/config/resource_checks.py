@@ -40,8 +40,10 @@ def check_local_resources(cfg: DictConfig) -> None:
         return
     if device == "auto" and torch.cuda.is_available():
         return  # the GPU count is checked by Ray's placement group on a GPU machine
-    per_worker = float(value_at(cfg, "trainer.cpus_per_worker"))
-    need, have = ranks * per_worker, _local_ray_cpus(cfg)
+    have = _local_ray_cpus(cfg)
+    per_worker = value_at(cfg, "trainer.cpus_per_worker")
+    per_worker = max(1.0, have / ranks) if per_worker is None else float(per_worker)  # null: an even share
+    need = ranks * per_worker
     if need > have:
         raise ValueError(
             f"trainer.nnodes × trainer.n_gpus_per_node × trainer.cpus_per_worker = {ranks} × {per_worker:g} = "

@@ -27,7 +27,7 @@ def check_trainer(cfg: DictConfig) -> None:
     at_least(cfg, "trainer.critic_warmup", 0)
     at_least(cfg, "trainer.max_actor_ckpt_to_keep", 1, allow_none=True)
     at_least(cfg, "trainer.max_critic_ckpt_to_keep", 1, allow_none=True)
-    positive(cfg, "trainer.cpus_per_worker")
+    positive(cfg, "trainer.cpus_per_worker", allow_none=True)
     positive(cfg, "trainer.placement_timeout_s")
     positive(cfg, "trainer.worker_start_timeout_s")
     choice(cfg, "trainer.device", DEVICES)

@@ -53,7 +53,7 @@ class TrainerConfig:
     nnodes: int = 1
     n_gpus_per_node: int = 8
     device: str = "auto"
-    cpus_per_worker: float = 1.0
+    cpus_per_worker: float | None = 1.0
     total_epochs: int = 30
     total_training_steps: int | None = None
     save_freq: int = -1

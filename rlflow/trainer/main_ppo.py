@@ -2,7 +2,7 @@
 
 The config starts from verl's defaults (``config/ppo_trainer.yaml``). ``--config-name demo`` starts from
 the embedded CPU demo instead (``config/demo.yaml``): PPO with a critic on the embedded tiny model and the
-easy synthetic task, two ranks on CPU with a local Ray. Library use::
+easy synthetic task, one rank per role with every core, on a local Ray. Library use::
 
     from rlflow.config import load_config
     from rlflow.trainer.main_ppo import run_ppo

@@ -43,7 +43,7 @@ from rlflow.trainer.metrics import (
     validation_metrics,
 )
 from rlflow.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
-from rlflow.trainer.worker_groups import WorkerGroups, build_worker_groups, profiled_step
+from rlflow.trainer.worker_groups import WorkerGroups, build_worker_groups, cpus_per_worker, profiled_step
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class RayPPOTrainer:
         trainer = self.config.trainer
         configured = None if trainer.peak_tflops is None else float(trainer.peak_tflops) * 1e12
         device = "cuda" if torch.cuda.is_available() and str(trainer.device) != "cpu" else "cpu"
-        threads = max(1, int(float(trainer.cpus_per_worker)))
+        threads = max(1, int(cpus_per_worker(self.config)))
         return counters, peak_flops(device, configured=configured, num_threads=threads)
 
     # ---- set-up ---------------------------------------------------------------------------------------

@@ -61,6 +61,23 @@ def init_batches(groups: list[RayWorkerGroup], rollout_name: str) -> list[list[R
     return [groups]
 
 
+def cpus_per_worker(config: PPOTrainerConfig) -> float:
+    """The CPUs of one rank's bundle: ``trainer.cpus_per_worker``, or with null the Ray cluster's CPUs
+    shared evenly by all ``nnodes × n_gpus_per_node`` ranks (the running cluster's, else
+    ``ray_init.num_cpus``, else this machine's), at least 1."""
+    trainer = config.trainer
+    if trainer.cpus_per_worker is not None:
+        return float(trainer.cpus_per_worker)
+    ranks = int(trainer.nnodes) * int(trainer.n_gpus_per_node)
+    import ray
+
+    if ray.is_initialized():
+        cpus = float(ray.cluster_resources().get("CPU", 1.0))
+    else:
+        cpus = float(config.ray_init.num_cpus or os.cpu_count() or 1)
+    return max(1.0, cpus / ranks)
+
+
 def build_worker_groups(config: PPOTrainerConfig, total_training_steps: int) -> WorkerGroups:
     """Create the resource pool and every needed role's group, then build all models (in parallel).
 
@@ -74,7 +91,7 @@ def build_worker_groups(config: PPOTrainerConfig, total_training_steps: int) -> 
         [int(trainer.n_gpus_per_node)] * int(trainer.nnodes),
         use_gpu=_device(config) == "cuda",
         max_colocate_count=len(roles),
-        cpus_per_bundle=float(trainer.cpus_per_worker),
+        cpus_per_bundle=cpus_per_worker(config),
         name_prefix=f"rlflow_{trainer.experiment_name}",
         placement_timeout_s=float(trainer.placement_timeout_s),
     )

@@ -21,15 +21,16 @@ Benches (the step geometry of docs/benchmarks.md, one optimizer step per rollout
 * ``ppo-13m``: the same roles, 13.4M parameters (hidden 384, 6 layers), 16 prompts, 128 response tokens.
 * ``grpo-1m``: GRPO, 16 prompts x 4 responses, 32 response tokens, no reference.
 
-Layouts (`LAYOUTS`): ``default`` (the shipped defaults: two ranks, one thread each), ``1rank`` (one rank
-with every core: ``trainer.n_gpus_per_node=1 trainer.cpus_per_worker=<cores>``) and ``fast`` (``1rank``
-with micro-batches as large as the batch), ``bypass`` (``fast`` without the old-log-prob pass), alternated A B C, C B A, ... for ``--rounds`` rounds. ``--vs-trl`` adds TRL's ``GRPOTrainer`` with the same model, prompts, reward and
+Layouts (`LAYOUTS`): ``default`` (the shipped demo layout: one rank per role with every core), ``2rank``
+(two single-thread ranks, the demo's layout before 2026-12-04), ``fast`` (``default`` with micro-batches
+as large as the batch) and ``bypass`` (``fast`` without the old-log-prob pass), alternated A B C, C B A,
+... for ``--rounds`` rounds. ``--vs-trl`` adds TRL's ``GRPOTrainer`` with the same model, prompts, reward and
 geometry (GRPO benches only: TRL 1.x has no PPO trainer), in its own process with both cores, alternated
 with the rlflow runs, and prints the ratio.
 
     python scripts/bench/bench_ppo_step.py                                   # every bench, both layouts
     python scripts/bench/bench_ppo_step.py --bench grpo-1m --vs-trl --rounds 3
-    python scripts/bench/bench_ppo_step.py --bench ppo-13m --layouts 1rank -- actor_rollout_ref.actor.use_dynamic_bsz=true
+    python scripts/bench/bench_ppo_step.py --bench ppo-13m --layouts 2rank -- actor_rollout_ref.actor.use_dynamic_bsz=true
 """
 
 from __future__ import annotations
@@ -78,10 +79,8 @@ CORES = os.cpu_count() or 1
 BIG_BUDGET = 16384  # tokens per micro-batch: every bench's whole batch in one forward
 LAYOUTS: dict[str, list[str]] = {
     "default": [],
-    "1rank": ["trainer.n_gpus_per_node=1", f"trainer.cpus_per_worker={CORES}"],
+    "2rank": ["trainer.n_gpus_per_node=2", "trainer.cpus_per_worker=1"],
     "fast": [
-        "trainer.n_gpus_per_node=1",
-        f"trainer.cpus_per_worker={CORES}",
         "actor_rollout_ref.actor.use_dynamic_bsz=true",
         f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={BIG_BUDGET}",
         f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={BIG_BUDGET}",
@@ -95,10 +94,11 @@ LAYOUTS["bypass"] = [
     "actor_rollout_ref.rollout.calculate_log_probs=true",
     "algorithm.rollout_correction.bypass_mode=true",
 ]
-"""``default``: the shipped layout (2 single-thread ranks). ``1rank``: one rank with every core (the roles
-colocated on it take turns, each with all the cores). ``fast``: ``1rank`` plus micro-batches as large as
-the batch (dynamic batching under a budget no bench reaches). ``bypass``: ``fast`` with the rollout's
-log-probs as the old policy's (``algorithm.rollout_correction.bypass_mode``: no ``compute_log_prob`` pass)."""
+"""``default``: the shipped demo layout (one rank per role with every core: ``cpus_per_worker: null``).
+``2rank``: two single-thread ranks per role (``config/demo_two_ranks.yaml``, the demo's layout before
+2026-12-04). ``fast``: ``default`` plus micro-batches as large as the batch (dynamic batching under a
+budget no bench reaches). ``bypass``: ``fast`` with the rollout's log-probs as the old policy's
+(``algorithm.rollout_correction.bypass_mode``: no ``compute_log_prob`` pass)."""
 
 PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
 ROLE_PROCESSES = {

@@ -233,11 +233,13 @@ def test_registered_estimator_that_needs_a_critic_gets_the_values():
 
     register_adv_est("test_td0", needs_critic=True)(td0)
     try:
-        cfg = load_config(["algorithm.adv_estimator=test_td0"], config_name="demo")
+        cfg = load_config(["algorithm.adv_estimator=test_td0"], config_name="demo_two_ranks")
         assert need_critic(cfg)
         with pytest.raises(ValueError, match=r"critic\.enable=false.*test_td0 needs a critic"):
             validate_config(
-                load_config(["algorithm.adv_estimator=test_td0", "critic.enable=false"], config_name="demo")
+                load_config(
+                    ["algorithm.adv_estimator=test_td0", "critic.enable=false"], config_name="demo_two_ranks"
+                )
             )
         data = DataProto.from_dict(
             tensors={

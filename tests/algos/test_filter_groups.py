@@ -53,7 +53,7 @@ def _config(*extra: str):
             "algorithm.filter_groups.metric=acc",
             *extra,
         ],
-        config_name="demo",
+        config_name="demo_two_ranks",
     )
     validate_config(cfg)
     return to_typed(cfg)

@@ -34,7 +34,7 @@ SCRIPT = REPO / "scripts" / "slurm" / "rlflow_ray.sbatch"
 OBJECT_STORE_BYTES = 400 * 2**20
 # the shortest PPO run of the embedded CPU demo: one step, no validation, console metrics only
 SHORT_RUN = [
-    "--config-name=demo",
+    "--config-name=demo_two_ranks",
     "trainer.total_training_steps=1",
     "trainer.test_freq=-1",
     "trainer.val_before_train=false",

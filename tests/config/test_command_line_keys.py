@@ -29,7 +29,7 @@ ACTOR = "actor_rollout_ref.actor"
 )
 def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, message: str):
     with pytest.raises(ValueError, match=re.escape(message)):
-        load_config([override], config_name="demo")
+        load_config([override], config_name="demo_two_ranks")
 
 
 @pytest.mark.parametrize(
@@ -90,7 +90,7 @@ def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, me
 )
 def test_verl_keys_rlflow_lacks_are_refused_with_what_to_do(override: str, message: str):
     with pytest.raises(ValueError, match=re.escape(message)):
-        validate_config(load_config([override], config_name="demo"))
+        validate_config(load_config([override], config_name="demo_two_ranks"))
 
 
 def test_more_verl_spellings_are_aliases():
@@ -114,7 +114,7 @@ def test_more_verl_spellings_are_aliases():
             "actor_rollout_ref.rollout.layered_summon=true",
             "actor_rollout_ref.rollout.load_format=safetensors",
         ],
-        config_name="demo",
+        config_name="demo_two_ranks",
     )
     validate_config(cfg)
     assert "use_shm" not in cfg.actor_rollout_ref.model and "load_format" not in cfg.actor_rollout_ref.rollout
@@ -129,14 +129,14 @@ def test_more_verl_spellings_are_aliases():
     ref = ref_layout(to_typed(cfg)).fsdp
     assert (ref.fsdp_size, ref.reshard_after_forward, ref.forward_prefetch) == (1, False, True)
     with pytest.raises(ValueError, match="entropy_checkpointing"):
-        load_config(["actor_rollout_ref.actor.entropy_checkpointing=maybe"], config_name="demo")
+        load_config(["actor_rollout_ref.actor.entropy_checkpointing=maybe"], config_name="demo_two_ranks")
 
 
 @pytest.mark.parametrize("role", ["actor_rollout_ref.actor", "critic"])
 def test_megatron_strategy_is_refused_with_what_to_do(role: str):
     from rlflow.trainer.main_ppo import prepare_config
 
-    cfg = load_config([f"{role}.strategy=megatron"], config_name="demo")
+    cfg = load_config([f"{role}.strategy=megatron"], config_name="demo_two_ranks")
     with pytest.raises(ValueError, match=re.escape(f"{role}.strategy=megatron: rlflow has no Megatron-LM")):
         prepare_config(cfg, build_warm_start=False)
 
@@ -150,7 +150,7 @@ def test_override_key_check_lets_valid_forms_through():
             "+custom_reward_function.reward_kwargs.bonus=0.5",
             "data.train_batch_size=8",
         ],
-        config_name="demo",
+        config_name="demo_two_ranks",
     )
     check_override_keys(["--cfg", "job", "~trainer.logger"], PPOTrainerConfig)
 
@@ -164,7 +164,7 @@ def test_override_key_check_lets_valid_forms_through():
 )
 def test_wrong_type_fails_at_composition(override: str, key: str):
     with pytest.raises(ConfigCompositionException, match=re.escape(key)):
-        load_config([override], config_name="demo")
+        load_config([override], config_name="demo_two_ranks")
 
 
 def test_command_line_refuses_an_unknown_key_before_anything_starts():
@@ -187,22 +187,25 @@ def test_command_line_refuses_an_unknown_key_before_anything_starts():
 def test_verl_use_gpg_loss_flag_stands_for_the_gpg_loss_mode():
     assert (
         load_config(
-            [f"{ACTOR}.use_gpg_loss=True"], config_name="demo"
+            [f"{ACTOR}.use_gpg_loss=True"], config_name="demo_two_ranks"
         ).actor_rollout_ref.actor.policy_loss.loss_mode
         == "gpg"
     )
     assert (
         load_config(
-            [f"{ACTOR}.use_gpg_loss=false"], config_name="demo"
+            [f"{ACTOR}.use_gpg_loss=false"], config_name="demo_two_ranks"
         ).actor_rollout_ref.actor.policy_loss.loss_mode
         == "vanilla"
     )
     with pytest.raises(
         ValueError, match=r"use_gpg_loss=True means .*loss_mode=gpg.*also sets .*loss_mode=gspo"
     ):
-        load_config([f"{ACTOR}.use_gpg_loss=True", f"{ACTOR}.policy_loss.loss_mode=gspo"], config_name="demo")
+        load_config(
+            [f"{ACTOR}.use_gpg_loss=True", f"{ACTOR}.policy_loss.loss_mode=gspo"],
+            config_name="demo_two_ranks",
+        )
     with pytest.raises(ValueError, match="expected true or false"):
-        load_config([f"{ACTOR}.use_gpg_loss=maybe"], config_name="demo")
+        load_config([f"{ACTOR}.use_gpg_loss=maybe"], config_name="demo_two_ranks")
 
 
 def test_verl_key_aliases_are_rewritten(tmp_path):
@@ -223,7 +226,7 @@ def test_verl_key_aliases_are_rewritten(tmp_path):
         "--cfg",
         "job",
     ]
-    cfg = load_config(["critic.model.fsdp_config.optimizer_offload=true"], config_name="demo")
+    cfg = load_config(["critic.model.fsdp_config.optimizer_offload=true"], config_name="demo_two_ranks")
     assert cfg.critic.fsdp_config.optimizer_offload is True
     # newer verl's spellings (critic engine config, reward-model engine, Ray options), and older verl's
     cfg = load_config(
@@ -236,14 +239,14 @@ def test_verl_key_aliases_are_rewritten(tmp_path):
             "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64",
             "reward_model.model.use_rmpad=False",
         ],
-        config_name="demo",
+        config_name="demo_two_ranks",
     )
     assert cfg.actor_rollout_ref.rollout.update_weights_bucket_megabytes == 64
     assert cfg.reward_model.model.use_remove_padding is False
     assert cfg.critic.fsdp_config.param_offload is True and cfg.reward_model.inference.prompt_length == 64
     assert cfg.reward_model.model.path == "/rm" and cfg.ray_init.num_cpus == 3
     assert rewrite_overrides(["critic.fsdp_config.fsdp_size=2"]) == ["critic.fsdp_config.fsdp_size=2"]
-    validate_config(load_config(["trainer.use_legacy_worker_impl=False"], config_name="demo"))
+    validate_config(load_config(["trainer.use_legacy_worker_impl=False"], config_name="demo_two_ranks"))
     assert rewrite_critic_file_keys(
         {"model": {"fsdp_config": {"param_offload": True}, "path": "p"}, "world_size": 1}
     ) == {
@@ -254,7 +257,9 @@ def test_verl_key_aliases_are_rewritten(tmp_path):
     path = tmp_path / "critic.yaml"
     path.write_text("model:\n  fsdp_config:\n    param_offload: true\n")
     assert (
-        load_config([f"critic.config_path={path}"], config_name="demo").critic.fsdp_config.param_offload
+        load_config(
+            [f"critic.config_path={path}"], config_name="demo_two_ranks"
+        ).critic.fsdp_config.param_offload
         is True
     )
 
@@ -276,7 +281,7 @@ def test_append_on_a_key_the_config_has_is_the_plain_assignment():
         "trainer.val_before_train=False",
         *overrides[1:],
     ]
-    cfg = load_config(overrides[:3], config_name="demo")
+    cfg = load_config(overrides[:3], config_name="demo_two_ranks")
     assert cfg.trainer.val_before_train is False and cfg.trainer.test_freq == 3
     assert cfg.actor_rollout_ref.model.override_config.attention_dropout == 0.0
 
@@ -292,16 +297,16 @@ def test_early_verl_kl_sections_set_the_coefficients_and_their_switches():
             "algorithm.in_reward_kl.kl_ctrl.type=fixed",
             "algorithm.in_reward_kl.coef=0",
         ],
-        config_name="demo",
+        config_name="demo_two_ranks",
     )
     actor, algorithm = cfg.actor_rollout_ref.actor, cfg.algorithm
     assert actor.use_kl_loss is True and actor.kl_loss_coef == 0.001 and actor.kl_loss_type == "low_var_kl"
     assert algorithm.use_kl_in_reward is False and algorithm.kl_ctrl.kl_coef == 0
     assert algorithm.kl_penalty == "kl" and algorithm.kl_ctrl.type == "fixed"
-    on = load_config(["algorithm.in_reward_kl.coef=0.05"], config_name="demo").algorithm
+    on = load_config(["algorithm.in_reward_kl.coef=0.05"], config_name="demo_two_ranks").algorithm
     assert on.use_kl_in_reward is True and on.kl_ctrl.kl_coef == 0.05
     with pytest.raises(ValueError, match="expected a number"):
-        load_config(["algorithm.in_reward_kl.coef=high"], config_name="demo")
+        load_config(["algorithm.in_reward_kl.coef=high"], config_name="demo_two_ranks")
 
 
 def test_nccl_timeout_sets_each_roles_process_group_timeout():
@@ -311,12 +316,12 @@ def test_nccl_timeout_sets_each_roles_process_group_timeout():
     from rlflow.config.loading import to_typed
     from rlflow.workers.role_setup import actor_layout, critic_layout, ref_layout
 
-    cfg = load_config(["actor_rollout_ref.nccl_timeout=1200"], config_name="demo")
+    cfg = load_config(["actor_rollout_ref.nccl_timeout=1200"], config_name="demo_two_ranks")
     validate_config(cfg)
     cfg = to_typed(cfg)
     assert [f(cfg).timeout_s for f in (actor_layout, ref_layout, critic_layout)] == [1200, 1200, 1200]
-    cfg = to_typed(load_config(["critic.nccl_timeout=45"], config_name="demo"))
+    cfg = to_typed(load_config(["critic.nccl_timeout=45"], config_name="demo_two_ranks"))
     assert [f(cfg).timeout_s for f in (actor_layout, ref_layout, critic_layout)] == [600, 600, 45]
     for key in ("actor_rollout_ref.nccl_timeout", "critic.nccl_timeout"):
         with pytest.raises(ValueError, match=re.escape(key)):
-            validate_config(load_config([f"{key}=0"], config_name="demo"))
+            validate_config(load_config([f"{key}=0"], config_name="demo_two_ranks"))

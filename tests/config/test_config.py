@@ -82,7 +82,9 @@ def test_every_shipped_yaml_composes(path: Path):
         # verl's defaults ask for 8 ranks: validated as on a cluster (the local-resource check is tested below)
         cfg = load_config(["ray_init.address=ray://head:10001"], config_name=path.stem)
     elif rel.parent == Path("examples") and rel.name.startswith("critic_"):
-        cfg = load_config([f"critic.config_path={rel}"], config_name="demo")
+        cfg = load_config(
+            [f"critic.config_path={rel}", "trainer.n_gpus_per_node=2"], config_name="demo_two_ranks"
+        )
         assert cfg.critic.config_path == str(path)
     else:
         pytest.fail(f"shipped YAML {rel} is not covered by this test: add its kind here")
@@ -91,13 +93,13 @@ def test_every_shipped_yaml_composes(path: Path):
 
 
 def test_grpo_composes_without_critic():
-    cfg = load_config(["algorithm.adv_estimator=grpo"], config_name="demo")
+    cfg = load_config(["algorithm.adv_estimator=grpo"], config_name="demo_two_ranks")
     validate_config(cfg, **HEADS)
     assert not need_critic(cfg)
     assert need_critic(
-        load_config(["algorithm.adv_estimator=grpo", "critic.enable=true"], config_name="demo")
+        load_config(["algorithm.adv_estimator=grpo", "critic.enable=true"], config_name="demo_two_ranks")
     )
-    assert need_reference_policy(load_config([f"{ACTOR}.use_kl_loss=true"], config_name="demo"))
+    assert need_reference_policy(load_config([f"{ACTOR}.use_kl_loss=true"], config_name="demo_two_ranks"))
 
 
 @pytest.mark.parametrize(
@@ -111,7 +113,7 @@ def test_grpo_composes_without_critic():
     ],
 )
 def test_on_policy_rule_for_skipping_the_old_log_prob_pass(overrides, on_policy):
-    assert update_is_on_policy(load_config(overrides, config_name="demo")) is on_policy
+    assert update_is_on_policy(load_config(overrides, config_name="demo_two_ranks")) is on_policy
 
 
 def test_interpolations_follow_the_actor():
@@ -123,7 +125,7 @@ def test_interpolations_follow_the_actor():
             "data.max_response_length=12",
             "trainer.experiment_name=exp",
         ],
-        config_name="demo",
+        config_name="demo_two_ranks",
     )
     assert cfg.critic.model.path == "rlflow://tiny?seed=3"
     assert cfg.critic.ppo_mini_batch_size == 8
@@ -133,13 +135,13 @@ def test_interpolations_follow_the_actor():
     assert cfg.critic.forward_micro_batch_size_per_gpu == 8  # follows critic.ppo_micro_batch_size_per_gpu
     assert cfg.trainer.default_local_dir == "checkpoints/rlflow/exp"
     # An explicit value breaks the link.
-    assert load_config(["critic.model.path=/x"], config_name="demo").critic.model.path == "/x"
+    assert load_config(["critic.model.path=/x"], config_name="demo_two_ranks").critic.model.path == "/x"
 
 
 def test_load_config_inside_a_hydra_app_keeps_the_app_hydra():
     with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
         app_hydra = GlobalHydra.instance().hydra
-        cfg = load_config(["data.train_batch_size=8"], config_name="demo")
+        cfg = load_config(["data.train_batch_size=8"], config_name="demo_two_ranks")
         assert GlobalHydra.instance().hydra is app_hydra
     assert cfg.data.train_batch_size == 8
 
@@ -151,7 +153,8 @@ def test_critic_config_file_overrides_the_critic_group(tmp_path: Path):
     path = tmp_path / "critic.yaml"
     path.write_text("world_size: 1\nulysses_sequence_parallel_size: 1\noptim:\n  lr: 2.0e-4\n")
     cfg = load_config(
-        [f"critic.config_path={path}", "critic.optim.lr=0.5", "critic.grad_clip=0.25"], config_name="demo"
+        [f"critic.config_path={path}", "critic.optim.lr=0.5", "critic.grad_clip=0.25"],
+        config_name="demo_two_ranks",
     )
     assert cfg.critic.world_size == 1
     assert cfg.critic.optim.lr == pytest.approx(2.0e-4, abs=0)  # the file wins over the command line
@@ -162,7 +165,7 @@ def test_critic_config_file_overrides_the_critic_group(tmp_path: Path):
 
 
 def test_example_critic_file_gives_a_different_layout():
-    cfg = load_config(["critic.config_path=examples/critic_sp2.yaml"], config_name="demo")
+    cfg = load_config(["critic.config_path=examples/critic_sp2.yaml"], config_name="demo_two_ranks")
     assert cfg.critic.ulysses_sequence_parallel_size == 2
     assert cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size == 1
     assert cfg.critic.use_dynamic_bsz is True and cfg.actor_rollout_ref.actor.use_dynamic_bsz is False
@@ -172,7 +175,7 @@ def test_example_critic_file_gives_a_different_layout():
 def test_critic_config_file_relative_to_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     (tmp_path / "mine.yaml").write_text("cliprange_value: 0.2\n")
     monkeypatch.chdir(tmp_path)
-    cfg = load_config(["critic.config_path=mine.yaml"], config_name="demo")
+    cfg = load_config(["critic.config_path=mine.yaml"], config_name="demo_two_ranks")
     assert cfg.critic.cliprange_value == pytest.approx(0.2, abs=0)
     assert cfg.critic.config_path == str(tmp_path / "mine.yaml")
 
@@ -191,13 +194,13 @@ def test_critic_config_file_errors_name_file_and_key(tmp_path: Path, content: st
     path = tmp_path / "bad_critic.yaml"
     path.write_text(content)
     with pytest.raises(ValueError, match=re.escape(pattern)) as info:
-        load_config([f"critic.config_path={path}"], config_name="demo")
+        load_config([f"critic.config_path={path}"], config_name="demo_two_ranks")
     assert str(path) in str(info.value) and "critic.config_path" in str(info.value)
 
 
 def test_missing_critic_config_file(tmp_path: Path):
     with pytest.raises(ValueError, match=r"critic\.config_path='nope\.yaml': no such file"):
-        load_config(["critic.config_path=nope.yaml"], config_name="demo")
+        load_config(["critic.config_path=nope.yaml"], config_name="demo_two_ranks")
 
 
 # --------------------------------------------------------------------------- validation
@@ -544,7 +547,7 @@ BAD_CONFIGS = [
 
 @pytest.mark.parametrize(("overrides", "heads", "message"), BAD_CONFIGS, ids=lambda v: None)
 def test_validation_error_names_the_key(user_files, overrides, heads, message):
-    cfg = load_config([o.format(**user_files) for o in overrides], config_name="demo")
+    cfg = load_config([o.format(**user_files) for o in overrides], config_name="demo_two_ranks")
     with pytest.raises(ValueError, match=re.escape(message.format(**user_files))):
         validate_config(cfg, **{**HEADS, **heads})
 
@@ -610,12 +613,14 @@ GOOD_CONFIGS = [
 
 @pytest.mark.parametrize("overrides", GOOD_CONFIGS, ids=lambda v: None)
 def test_valid_configs_pass(user_files, overrides):
-    validate_config(load_config([o.format(**user_files) for o in overrides], config_name="demo"), **HEADS)
+    validate_config(
+        load_config([o.format(**user_files) for o in overrides], config_name="demo_two_ranks"), **HEADS
+    )
 
 
 def test_registered_estimator_names_are_accepted(monkeypatch: pytest.MonkeyPatch):
     core_algos = pytest.importorskip("rlflow.trainer.ppo.core_algos")
-    cfg = load_config(["algorithm.adv_estimator=my_est"], config_name="demo")
+    cfg = load_config(["algorithm.adv_estimator=my_est"], config_name="demo_two_ranks")
     with pytest.raises(ValueError, match=re.escape("algorithm.adv_estimator='my_est'")):
         validate_config(cfg)
     monkeypatch.setitem(core_algos.ADV_ESTIMATOR_REGISTRY, "my_est", lambda **kw: None)
@@ -630,9 +635,9 @@ def test_cuda_device_needs_local_gpus(monkeypatch: pytest.MonkeyPatch):
         ValueError,
         match=re.escape("trainer.device=cuda with trainer.nnodes × trainer.n_gpus_per_node = 2 ranks"),
     ):
-        validate_config(load_config(["trainer.device=cuda"], config_name="demo"))
+        validate_config(load_config(["trainer.device=cuda"], config_name="demo_two_ranks"))
     validate_config(
-        load_config(["trainer.device=cuda", "ray_init.address=auto"], config_name="demo")
+        load_config(["trainer.device=cuda", "ray_init.address=auto"], config_name="demo_two_ranks")
     )  # a remote cluster
 
 
@@ -647,5 +652,5 @@ def test_validate_accepts_a_dataclass_and_raises_no_assert():
 
 
 def test_remax_validates_now_that_the_trainer_generates_baselines():
-    cfg = load_config(["algorithm.adv_estimator=remax", f"{ROLLOUT}.n=2"], config_name="demo")
+    cfg = load_config(["algorithm.adv_estimator=remax", f"{ROLLOUT}.n=2"], config_name="demo_two_ranks")
     validate_config(cfg, num_attention_heads=4, num_key_value_heads=2)

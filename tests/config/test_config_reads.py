@@ -94,7 +94,7 @@ def _leaf_keys(cls: type, prefix: str = "") -> list[str]:
 
 def _interpolation_sources(reads: set[str]) -> set[str]:
     """Keys whose value another key follows (``${a.b}``) count as read when that key is read."""
-    tree = OmegaConf.to_container(load_config([], config_name="demo"), resolve=False)
+    tree = OmegaConf.to_container(load_config([], config_name="demo_two_ranks"), resolve=False)
     out: set[str] = set()
 
     def walk(node: dict, prefix: str) -> None:
@@ -110,7 +110,7 @@ def _interpolation_sources(reads: set[str]) -> set[str]:
 
 
 def _run_and_collect(overrides: list[str]) -> set[str]:
-    trainer = build_trainer(load_config(overrides, config_name="demo"))
+    trainer = build_trainer(load_config(overrides, config_name="demo_two_ranks"))
     trainer.tracker = build_tracker(trainer.config)  # the labelled typed config, as run_ppo does
     try:
         trainer.fit()
@@ -210,7 +210,7 @@ def test_every_key_is_read_or_refused(tmp_path, monkeypatch):
 
     from rlflow.rollout.vllm import vllm_engine_kwargs
 
-    typed = to_typed(load_config([], config_name="demo"))  # labelled: tracking is on
+    typed = to_typed(load_config([], config_name="demo_two_ranks"))  # labelled: tracking is on
     vllm_engine_kwargs(typed.actor_rollout_ref.rollout, "model")  # the vLLM-only keys
     reads |= config_reads()
     reads |= _interpolation_sources(reads)
@@ -220,7 +220,7 @@ def test_every_key_is_read_or_refused(tmp_path, monkeypatch):
         section = key.removesuffix(".max_resp_len")  # a key of a free-form section is appended
         override = f"{'+' if section != key else ''}{key}={value}".replace("True", "true")
         with pytest.raises(ValueError, match=section.replace(".", r"\.")):
-            validate_config(load_config([override], config_name="demo"))
+            validate_config(load_config([override], config_name="demo_two_ranks"))
         refused.add(section)
     unread = sorted(
         set(_leaf_keys(PPOTrainerConfig)) - reads - refused - set(READ_WHILE_COMPOSING) - set(READ_ON_RESUME)

@@ -70,7 +70,8 @@ DEMO_VALUES = {
     "critic.optim.lr": 1e-3,
     "critic.optim.weight_decay": 0.0,
     "trainer.experiment_name": "tiny_ppo",
-    "trainer.n_gpus_per_node": 2,
+    "trainer.n_gpus_per_node": 1,
+    "trainer.cpus_per_worker": None,
     "trainer.total_epochs": 1000,
     "trainer.total_training_steps": 100,
     "trainer.test_freq": 10,
@@ -113,9 +114,41 @@ def test_the_demo_config_changes_exactly_its_own_keys():
     assert demo["data.task"] == "repeat" and demo["data.train_files"] is None
 
 
+def test_the_two_rank_demo_is_the_demo_on_two_single_thread_ranks():
+    demo, two = _leaves(load_config(config_name="demo")), _leaves(load_config(config_name="demo_two_ranks"))
+    assert {key: two[key] for key in two if two[key] != demo[key]} == {
+        "trainer.n_gpus_per_node": 2,
+        "trainer.cpus_per_worker": 1.0,
+    }
+
+
 def test_verls_defaults_on_this_machine_say_how_to_run_the_demo():
     cfg = load_config(["ray_init.num_cpus=2"])
     with pytest.raises(ValueError, match=r"8 × 1 = 8 CPUs.*--config-name demo") as err:
         validate_config(cfg, **HEADS)
     assert "trainer.n_gpus_per_node" in str(err.value)
     validate_config(load_config(["ray_init.address=ray://head:10001"]), **HEADS)  # a cluster: Ray places them
+
+
+def test_cpus_per_worker_null_shares_the_cpus_evenly_among_the_ranks(monkeypatch):
+    """The demo's ``cpus_per_worker: null``: the local Ray's CPUs / (nnodes × n_gpus_per_node), at least 1;
+    the placement group fits exactly, and more ranks than CPUs are refused as with an explicit 1."""
+    import ray
+
+    from rlflow.config import to_typed
+    from rlflow.trainer.worker_groups import cpus_per_worker
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # no running Ray: ray_init.num_cpus counts
+    for ranks, cpus, share in ((1, 2, 2.0), (2, 2, 1.0), (1, 6, 6.0), (2, 5, 2.5)):
+        cfg = load_config(
+            [f"trainer.n_gpus_per_node={ranks}", f"ray_init.num_cpus={cpus}"], config_name="demo"
+        )
+        validate_config(cfg, **HEADS)
+        assert cpus_per_worker(to_typed(cfg)) == share
+    cfg = load_config(["trainer.n_gpus_per_node=4", "ray_init.num_cpus=2"], config_name="demo")
+    with pytest.raises(ValueError, match=r"4 × 1 = 4 CPUs for the placement group, but the local Ray has 2"):
+        validate_config(cfg, **HEADS)
+    explicit = load_config(["trainer.cpus_per_worker=0.5", "ray_init.num_cpus=2"], config_name="demo")
+    assert cpus_per_worker(to_typed(explicit)) == 0.5
+    with pytest.raises(ValueError, match=r"trainer.cpus_per_worker=0.0 must be > 0"):
+        validate_config(load_config(["trainer.cpus_per_worker=0"], config_name="demo"), **HEADS)

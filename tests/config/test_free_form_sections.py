@@ -16,6 +16,6 @@ from rlflow.config import load_config, validate_config
     ],
 )
 def test_a_key_under_a_free_form_section_passes_validation(section, key, value):
-    cfg = load_config([f"+{section}.{key}={str(value).lower()}"], config_name="demo")
+    cfg = load_config([f"+{section}.{key}={str(value).lower()}"], config_name="demo_two_ranks")
     validate_config(cfg)
     assert OmegaConf.select(cfg, section) == {key: value}

@@ -11,7 +11,7 @@ ACTOR, ROLLOUT, REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "a
 
 
 def _prepared(*overrides: str):
-    return prepare_config(load_config(list(overrides), config_name="demo"), build_warm_start=False)
+    return prepare_config(load_config(list(overrides), config_name="demo_two_ranks"), build_warm_start=False)
 
 
 def test_global_sizes_are_divided_by_each_roles_data_parallel_size():

@@ -19,7 +19,7 @@ A, R, REF, C = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_ro
 
 
 def _profile_keys(overrides: list[str]) -> dict:
-    cfg = load_config(overrides, config_name="demo")
+    cfg = load_config(overrides, config_name="demo_two_ranks")
     validate_config(cfg)
     out = {"steps": cfg.trainer.profile_steps, "dir": cfg.trainer.profile_dir}
     for name, section in (("actor", A), ("rollout", R), ("ref", REF), ("critic", C)):
@@ -135,7 +135,16 @@ def test_the_command_line_reads_verls_layout_too():
     args = ["global_profiler.tool=torch", "global_profiler.steps=[2]", f"{C}.profiler.enable=true",
             f"{C}.profiler.ranks=[1]"]  # fmt: skip
     proc = subprocess.run(
-        [sys.executable, "-m", "rlflow.trainer.main_ppo", "--config-name", "demo", "--cfg", "job", *args],
+        [
+            sys.executable,
+            "-m",
+            "rlflow.trainer.main_ppo",
+            "--config-name",
+            "demo_two_ranks",
+            "--cfg",
+            "job",
+            *args,
+        ],
         capture_output=True,
         text=True,
         timeout=120,

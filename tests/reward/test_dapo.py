@@ -61,7 +61,7 @@ def test_config_reaches_the_manager_with_verl_spelling():
             "overlong_buffer_cfg.log=False",
             "max_resp_len=8",
         ),
-        config_name="demo",
+        config_name="demo_two_ranks",
     )
     validate_config(cfg)
     buf = OverlongBuffer.from_reward_kwargs(dict(cfg.reward_model.reward_kwargs), 8)
@@ -91,7 +91,7 @@ def test_config_reaches_the_manager_with_verl_spelling():
 )
 def test_bad_reward_manager_settings_are_refused_naming_the_key(overrides, message):
     with pytest.raises(ValueError, match="reward_model") as err:
-        validate_config(load_config(overrides, config_name="demo"))
+        validate_config(load_config(overrides, config_name="demo_two_ranks"))
     assert message in str(err.value)
 
 

@@ -89,7 +89,7 @@ def test_the_worker_scores_in_token_budget_micro_batches_in_input_order(tmp_path
         "data.max_prompt_length=6",
         "data.max_response_length=6",
     ]
-    worker = RewardModelWorker(to_typed(load_config(overrides, config_name="demo")))
+    worker = RewardModelWorker(to_typed(load_config(overrides, config_name="demo_two_ranks")))
     worker.device = torch.device("cpu")
     worker.module = loader.load_reward_model(path, allow_random_head=True, seed=0, attn_implementation="sdpa")
     worker.use_remove_padding = False
@@ -162,7 +162,7 @@ def test_a_reward_model_with_its_own_chat_template_scores_the_re_tokenized_conve
         "data.max_response_length=10",
         "reward_model.model.use_remove_padding=false",
     ]
-    worker = RewardModelWorker(to_typed(load_config(overrides, config_name="demo")))
+    worker = RewardModelWorker(to_typed(load_config(overrides, config_name="demo_two_ranks")))
     worker.device = torch.device("cpu")
     worker.module = loader.load_reward_model(policy_dir, allow_random_head=True, seed=0)
     worker.use_remove_padding, worker.offload = False, False

@@ -153,7 +153,7 @@ def test_engine_kwargs_vllm_reach_the_engine_and_cannot_replace_rlflows_own(capl
 
     def typed(*overrides: str):
         return to_typed(
-            prepare_config(load_config(list(overrides), config_name="demo"), build_warm_start=False)
+            prepare_config(load_config(list(overrides), config_name="demo_two_ranks"), build_warm_start=False)
         )
 
     cfg = typed(

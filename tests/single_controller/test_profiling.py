@@ -104,4 +104,4 @@ def test_profile_keys_are_checked(overrides, message):
     from rlflow.config import load_config, validate_config
 
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
-        validate_config(load_config(overrides, config_name="demo"))
+        validate_config(load_config(overrides, config_name="demo_two_ranks"))

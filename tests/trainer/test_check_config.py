@@ -10,7 +10,7 @@ from rlflow.trainer.check_config import check_config, main, summary
 
 def test_summary_names_the_estimator_roles_and_geometry():
     assert summary(check_config([], "demo")) == (
-        "config OK: gae; roles: actor+rollout, critic; 1 x 2 ranks; 16 prompts x 1 responses per step; steps: 100"
+        "config OK: gae; roles: actor+rollout, critic; 1 x 1 ranks; 16 prompts x 1 responses per step; steps: 100"
     )
     grpo = summary(check_config(["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4"], "demo"))
     assert grpo.startswith("config OK: grpo; roles: actor+rollout; ") and "16 prompts x 4 responses" in grpo

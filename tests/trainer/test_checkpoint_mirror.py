@@ -102,7 +102,7 @@ def test_destinations_the_copy_cannot_use_are_refused_before_ray(tmp_path, monke
     local = tmp_path / "ckpt"
     cfg = load_config(
         [f"trainer.default_local_dir={local}", f"trainer.default_hdfs_dir='{value.format(local=local)}'"],
-        config_name="demo",
+        config_name="demo_two_ranks",
     )
     with pytest.raises(ValueError, match=message):
         validate_config(cfg)

@@ -121,7 +121,7 @@ def _cell_overrides(options: tuple[str, ...]) -> list[str]:
 
 
 def _run(overrides: list[str]) -> list[dict]:
-    history = run_ppo(load_config(overrides, config_name="demo"))["history"]
+    history = run_ppo(load_config(overrides, config_name="demo_two_ranks"))["history"]
     assert [h["step"] for h in history] == [1, 2]
     for h in history:
         for key in COMPARED:

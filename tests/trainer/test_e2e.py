@@ -67,7 +67,7 @@ def test_ppo_layouts_and_values_never_reach_the_driver(tmp_path, monkeypatch):
             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64",
             f"critic.config_path={REPO / 'config' / 'examples' / 'critic_sp2.yaml'}",
         ),
-        config_name="demo",
+        config_name="demo_two_ranks",
     )
     assert cfg.critic.ulysses_sequence_parallel_size == 2
     result = run_ppo(cfg)
@@ -89,7 +89,7 @@ def test_critic_warmup_leaves_actor_weights_bit_identical(tmp_path):
     def snapshot(worker):
         return {k: v.clone() for k, v in gather_full_params(worker.module).items()}
 
-    cfg = load_config(_overrides(tmp_path, "trainer.critic_warmup=2"), config_name="demo")
+    cfg = load_config(_overrides(tmp_path, "trainer.critic_warmup=2"), config_name="demo_two_ranks")
     trainer = build_trainer(cfg)
     try:
         trainer.init_workers()
@@ -119,7 +119,7 @@ def test_exact_resume_at_epoch_boundary(tmp_path):
                 f"actor_rollout_ref.actor.checkpoint.save_contents={hf_model}",
                 f"critic.checkpoint.save_contents={hf_model}",
             ),
-            config_name="demo",
+            config_name="demo_two_ranks",
         )
     )
     part, mirror = tmp_path / "part", tmp_path / "mirror"
@@ -128,7 +128,7 @@ def test_exact_resume_at_epoch_boundary(tmp_path):
             _overrides(
                 part, *common[:2], "trainer.total_training_steps=2", f"trainer.default_hdfs_dir={mirror}"
             ),
-            config_name="demo",
+            config_name="demo_two_ranks",
         )
     )
     assert (part / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "2"
@@ -138,7 +138,9 @@ def test_exact_resume_at_epoch_boundary(tmp_path):
     assert copied == local and any(p.parts[:2] == ("global_step_2", "actor") for p in copied)
     shutil.rmtree(part / "ckpt")
     resumed = run_ppo(
-        load_config(_overrides(part, *common, f"trainer.default_local_dir={mirror}"), config_name="demo")
+        load_config(
+            _overrides(part, *common, f"trainer.default_local_dir={mirror}"), config_name="demo_two_ranks"
+        )
     )
     want = {h["step"]: _comparable(h) for h in full["history"]}
     got = {h["step"]: _comparable(h) for h in resumed["history"]}
@@ -210,7 +212,7 @@ def test_custom_advantage_function_end_to_end(tmp_path):
             f"algorithm.custom_advantage_function.path={path}",
             "algorithm.custom_advantage_function.name=my_advantage",
         ),
-        config_name="demo",
+        config_name="demo_two_ranks",
     )
     result = run_ppo(cfg)
     lines = marker.read_text().split()
@@ -241,7 +243,7 @@ def test_grpo_without_critic(tmp_path):
             "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
             "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
         ),
-        config_name="demo",
+        config_name="demo_two_ranks",
     )
     result = run_ppo(cfg)
     last = result["history"][-1]
@@ -289,7 +291,7 @@ def test_golden_metrics(tmp_path):
             "actor_rollout_ref.model.path=rlflow://tiny",
             "critic.model.path=rlflow://tiny",
         ),
-        config_name="demo",
+        config_name="demo_two_ranks",
     )
     history = [_comparable(h) for h in run_ppo(cfg)["history"]]
     if os.environ.get("RLFLOW_UPDATE_GOLDEN"):
@@ -337,7 +339,7 @@ def test_remax_baseline_is_the_greedy_reward_of_the_same_weights(tmp_path):
             f"data.val_files={train}",
             "data.val_batch_size=8",
         ),
-        config_name="demo",
+        config_name="demo_two_ranks",
     )
     history = run_ppo(cfg)["history"]
     before = next(h for h in history if h["step"] == 0)["val-core/rlflow/repeat/reward/mean@1"]
@@ -362,7 +364,7 @@ def test_reward_model_group_scores_the_responses(tmp_path):
             "reward_model.enable=true",
             f"reward_model.model.path={rm_dir}",
         ),
-        config_name="demo",
+        config_name="demo_two_ranks",
     )
     last = run_ppo(cfg)["history"][-1]
     # A random reward head gives small non-zero real-valued scores, unlike the rule score (0 on this step).
@@ -383,7 +385,7 @@ def _learning_run(tmp_path: Path, *extra: str) -> list[tuple[int, float]]:
             f"trainer.default_local_dir={tmp_path / 'ckpt'}",
             *extra,
         ],
-        config_name="demo",
+        config_name="demo",  # the shipped demo's layout: one rank per role with every core
     )
     return [(h["step"], h[VAL_KEY]) for h in run_ppo(cfg)["history"] if VAL_KEY in h]
 
@@ -436,7 +438,7 @@ def test_kl_in_reward_kl_loss_and_custom_reward(tmp_path):
             f"custom_reward_function.path={path}",
             "+custom_reward_function.reward_kwargs.bonus=0.25",
         ),
-        config_name="demo",
+        config_name="demo_two_ranks",
     )
     history = run_ppo(cfg)["history"]
     first, second = history[0], history[1]
@@ -465,7 +467,7 @@ def test_greedy_training_rollouts(tmp_path):
             "actor_rollout_ref.rollout.calculate_log_probs=true",
             "actor_rollout_ref.actor.tis_imp_ratio_cap=2.0",
         ),
-        config_name="demo",
+        config_name="demo_two_ranks",
     )
     last = run_ppo(cfg)["history"][-1]
     assert math.isfinite(last["actor/pg_loss"])
@@ -487,7 +489,8 @@ def test_resume_on_another_world_size(tmp_path, caplog):
         common = [f"data.train_files={train}", "trainer.save_freq=1"]
         full = run_ppo(
             load_config(
-                _overrides(run_dir / "full", *common, f"trainer.n_gpus_per_node={first}"), config_name="demo"
+                _overrides(run_dir / "full", *common, f"trainer.n_gpus_per_node={first}"),
+                config_name="demo_two_ranks",
             )
         )
         caplog.clear()
@@ -500,7 +503,7 @@ def test_resume_on_another_world_size(tmp_path, caplog):
                     "trainer.resume_mode=resume_path",
                     f"trainer.resume_from_path={run_dir / 'full' / 'ckpt' / 'global_step_1'}",
                 ),
-                config_name="demo",
+                config_name="demo_two_ranks",
             )
         )
         notes = [r.getMessage() for r in caplog.records if "re-seeded" in r.getMessage()]

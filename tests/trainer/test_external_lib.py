@@ -74,25 +74,29 @@ def _overrides(extension: str, tmp_path) -> list[str]:
 
 
 def test_registered_names_pass_validation_only_with_the_module(extension, tmp_path):
-    prepare_config(load_config(_overrides(extension, tmp_path), config_name="demo"), build_warm_start=False)
+    prepare_config(
+        load_config(_overrides(extension, tmp_path), config_name="demo_two_ranks"), build_warm_start=False
+    )
     without = [o for o in _overrides(extension, tmp_path) if "external_lib" not in o]
     without = [o.replace("ext_offset", "ext_offset_unregistered") for o in without]
     with pytest.raises(ValueError, match=r"algorithm\.adv_estimator='ext_offset_unregistered'"):
-        prepare_config(load_config(without, config_name="demo"), build_warm_start=False)
+        prepare_config(load_config(without, config_name="demo_two_ranks"), build_warm_start=False)
     with pytest.raises(ValueError, match=r"external_lib: cannot import 'no_such_module_xyz'"):
         prepare_config(
-            load_config(["actor_rollout_ref.model.external_lib=no_such_module_xyz"], config_name="demo"),
+            load_config(
+                ["actor_rollout_ref.model.external_lib=no_such_module_xyz"], config_name="demo_two_ranks"
+            ),
             build_warm_start=False,
         )
     bad_kwargs = [*_overrides(extension, tmp_path), "+reward_model.reward_kwargs.scale=2"]
     with pytest.raises(ValueError, match=r"takes no argument\(s\) \['scale'\]"):
-        prepare_config(load_config(bad_kwargs, config_name="demo"), build_warm_start=False)
+        prepare_config(load_config(bad_kwargs, config_name="demo_two_ranks"), build_warm_start=False)
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_session")
 def test_a_registering_module_trains_in_the_driver_and_the_workers(extension, tmp_path):
-    history = run_ppo(load_config(_overrides(extension, tmp_path), config_name="demo"))["history"]
+    history = run_ppo(load_config(_overrides(extension, tmp_path), config_name="demo_two_ranks"))["history"]
     for h in [h for h in history if h["step"] > 0]:
         assert h["critic/score/mean"] == pytest.approx(0.5)  # the registered manager (driver)
         assert h["critic/advantages/mean"] == pytest.approx(0.25, abs=1e-6)  # the registered estimator

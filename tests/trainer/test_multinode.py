@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent(
     }
     result = {}
     for name, layout in layouts.items():
-        cfg = load_config(common + layout + [f"trainer.log_dir={out_dir}/{name}", f"trainer.default_local_dir={out_dir}/{name}/ckpt"], config_name="demo")
+        cfg = load_config(common + layout + [f"trainer.log_dir={out_dir}/{name}", f"trainer.default_local_dir={out_dir}/{name}/ckpt"], config_name="demo_two_ranks")
         trainer = build_trainer(cfg)
         try:
             trainer.init_workers()

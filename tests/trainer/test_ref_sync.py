@@ -34,7 +34,9 @@ def test_synced_reference_follows_the_actor_and_is_checkpointed(tmp_path):
         "actor_rollout_ref.ref.ref_model_sync_steps=2",
         "actor_rollout_ref.ref.ref_model_mixup_alpha=1.0",
     ]
-    full = run_ppo(load_config(_overrides(tmp_path / "full", *common), config_name="demo"))["history"]
+    full = run_ppo(load_config(_overrides(tmp_path / "full", *common), config_name="demo_two_ranks"))[
+        "history"
+    ]
     kl = [h["actor/kl_loss"] for h in full if h["step"] > 0]
     assert abs(kl[0]) < 1e-7 and kl[1] > 1e-5 and abs(kl[2]) < 1e-7, kl
     assert full[1]["timing_s/sync_ref"] > 0 and "timing_s/sync_ref" not in full[0]
@@ -48,7 +50,7 @@ def test_synced_reference_follows_the_actor_and_is_checkpointed(tmp_path):
                 "trainer.resume_mode=resume_path",
                 f"trainer.resume_from_path={step2}",
             ),
-            config_name="demo",
+            config_name="demo_two_ranks",
         )
     )["history"]
     assert [h["step"] for h in resumed] == [3]

@@ -48,13 +48,13 @@ def runs(tmp_path_factory) -> dict:
     decoupled = run_ppo(
         load_config(
             _overrides(tmp / "d", *COMMON, *PROFILE, f"global_profiler.save_path={traces}"),
-            config_name="demo",
+            config_name="demo_two_ranks",
         )
     )["history"]
     bypass = run_ppo(
         load_config(
             _overrides(tmp / "b", *COMMON, "trainer.total_training_steps=1", f"{RC}.bypass_mode=true"),
-            config_name="demo",
+            config_name="demo_two_ranks",
         )
     )["history"]
     reinforce = run_ppo(
@@ -66,7 +66,7 @@ def runs(tmp_path_factory) -> dict:
                 f"{RC}.bypass_mode=true",
                 f"{RC}.use_policy_gradient=true",
             ),
-            config_name="demo",
+            config_name="demo_two_ranks",
         )
     )["history"]
     return {"decoupled": decoupled[0], "bypass": bypass[0], "reinforce": reinforce[0], "profile": traces}

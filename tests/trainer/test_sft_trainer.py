@@ -88,7 +88,7 @@ def test_resume_continues_exactly_and_the_checkpoint_feeds_ppo(tmp_path: Path, r
                 "trainer.logger=[]",
                 f"trainer.default_local_dir={tmp_path / 'ppo'}",
             ],
-            config_name="demo",
+            config_name="demo_two_ranks",
         )
     )
     assert ppo["final"]["actor/grad_norm"] > 0

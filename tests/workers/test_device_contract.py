@@ -65,7 +65,7 @@ def _worker(rank: int) -> dict:
                 "actor_rollout_ref.actor.ppo_mini_batch_size=4",
                 "data.max_response_length=4",
             ],
-            config_name="demo",
+            config_name="demo_two_ranks",
         )
     )
     dims = ParallelDims(world_size=1).build_meshes("cpu")
