@@ -62,11 +62,10 @@ DEMO_VALUES = {
     "data.dataloader_num_workers": 0,
     "actor_rollout_ref.model.enable_gradient_checkpointing": False,
     f"{ACTOR}.ppo_mini_batch_size": 4,
-    f"{ACTOR}.ppo_max_token_len_per_gpu": 2048,
+    f"{ACTOR}.use_dynamic_bsz": True,
     f"{ACTOR}.optim.lr": 1e-4,
     f"{ACTOR}.optim.weight_decay": 0.0,
     "critic.model.enable_gradient_checkpointing": False,
-    "critic.ppo_max_token_len_per_gpu": 2048,
     "critic.optim.lr": 1e-3,
     "critic.optim.weight_decay": 0.0,
     "trainer.experiment_name": "tiny_ppo",
@@ -114,11 +113,14 @@ def test_the_demo_config_changes_exactly_its_own_keys():
     assert demo["data.task"] == "repeat" and demo["data.train_files"] is None
 
 
-def test_the_two_rank_demo_is_the_demo_on_two_single_thread_ranks():
+def test_the_two_rank_demo_is_the_demo_in_its_earlier_layout():
     demo, two = _leaves(load_config(config_name="demo")), _leaves(load_config(config_name="demo_two_ranks"))
     assert {key: two[key] for key in two if two[key] != demo[key]} == {
         "trainer.n_gpus_per_node": 2,
         "trainer.cpus_per_worker": 1.0,
+        f"{ACTOR}.use_dynamic_bsz": False,
+        f"{ACTOR}.ppo_max_token_len_per_gpu": 2048,
+        "critic.ppo_max_token_len_per_gpu": 2048,
     }
 
 
