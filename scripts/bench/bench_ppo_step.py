@@ -21,8 +21,9 @@ Benches (the step geometry of docs/benchmarks.md, one optimizer step per rollout
 * ``ppo-13m``: the same roles, 13.4M parameters (hidden 384, 6 layers), 16 prompts, 128 response tokens.
 * ``grpo-1m``: GRPO, 16 prompts x 4 responses, 32 response tokens, no reference.
 
-Layouts (`LAYOUTS`): ``default`` (the shipped demo layout: one rank per role with every core), ``2rank``
-(two single-thread ranks, the demo's layout before 2026-12-04), ``fast`` (``default`` with micro-batches
+Layouts (`LAYOUTS`): ``default`` (the shipped demo layout: one rank per role with every core, token-budget
+micro-batches), ``2rank`` (two single-thread ranks), ``2rank-fixed`` (also fixed micro-batches: the
+demo's layout before 2026-12-04), ``fast`` (``default`` with micro-batches
 as large as the batch) and ``bypass`` (``fast`` without the old-log-prob pass), alternated A B C, C B A,
 ... for ``--rounds`` rounds. ``--vs-trl`` adds TRL's ``GRPOTrainer`` with the same model, prompts, reward and
 geometry (GRPO benches only: TRL 1.x has no PPO trainer), in its own process with both cores, alternated
@@ -80,6 +81,11 @@ BIG_BUDGET = 16384  # tokens per micro-batch: every bench's whole batch in one f
 LAYOUTS: dict[str, list[str]] = {
     "default": [],
     "2rank": ["trainer.n_gpus_per_node=2", "trainer.cpus_per_worker=1"],
+    "2rank-fixed": [  # config/demo_two_ranks.yaml: the demo's layout before 2026-12-04
+        "trainer.n_gpus_per_node=2",
+        "trainer.cpus_per_worker=1",
+        "actor_rollout_ref.actor.use_dynamic_bsz=false",
+    ],
     "fast": [
         "actor_rollout_ref.actor.use_dynamic_bsz=true",
         f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={BIG_BUDGET}",
@@ -95,8 +101,8 @@ LAYOUTS["bypass"] = [
     "algorithm.rollout_correction.bypass_mode=true",
 ]
 """``default``: the shipped demo layout (one rank per role with every core: ``cpus_per_worker: null``).
-``2rank``: two single-thread ranks per role (``config/demo_two_ranks.yaml``, the demo's layout before
-2026-12-04). ``fast``: ``default`` plus micro-batches as large as the batch (dynamic batching under a
+``2rank``: two single-thread ranks per role, the same micro-batches. ``2rank-fixed``: also fixed
+micro-batches (``config/demo_two_ranks.yaml``, the demo's layout before 2026-12-04). ``fast``: ``default`` plus micro-batches as large as the batch (dynamic batching under a
 budget no bench reaches). ``bypass``: ``fast`` with the rollout's log-probs as the old policy's
 (``algorithm.rollout_correction.bypass_mode``: no ``compute_log_prob`` pass)."""
 
