@@ -9,15 +9,24 @@ from omegaconf import DictConfig
 
 from rlflow.config.checks import value_at
 
-__all__ = ["check_local_resources"]
+__all__ = ["check_local_resources", "cpus_per_rank", "ray_cpus"]
 
 
-def _local_ray_cpus(cfg: DictConfig) -> float:
-    """CPUs of the local Ray the run uses: the running one's, else ``ray_init.num_cpus``, else this machine's."""
+def ray_cpus(num_cpus: int | None) -> float:
+    """CPUs of the Ray cluster the run uses: the running one's, else ``ray_init.num_cpus`` (``num_cpus``),
+    else this machine's."""
     ray = sys.modules.get("ray")  # not imported → not running (and validation does not import it)
     if ray is not None and ray.is_initialized():
         return float(ray.cluster_resources().get("CPU", 0.0))
-    return float(value_at(cfg, "ray_init.num_cpus") or os.cpu_count() or 1)
+    return float(num_cpus or os.cpu_count() or 1)
+
+
+def cpus_per_rank(cpus_per_worker: float | None, ranks: int, num_cpus: int | None) -> float:
+    """The CPUs of one rank's bundle: ``trainer.cpus_per_worker``, or with null the cluster's CPUs
+    (`ray_cpus`) shared evenly by all ``ranks`` (``nnodes × n_gpus_per_node``), at least 1."""
+    if cpus_per_worker is not None:
+        return float(cpus_per_worker)
+    return max(1.0, ray_cpus(num_cpus) / ranks)
 
 
 def check_local_resources(cfg: DictConfig) -> None:
@@ -40,9 +49,9 @@ def check_local_resources(cfg: DictConfig) -> None:
         return
     if device == "auto" and torch.cuda.is_available():
         return  # the GPU count is checked by Ray's placement group on a GPU machine
-    have = _local_ray_cpus(cfg)
-    per_worker = value_at(cfg, "trainer.cpus_per_worker")
-    per_worker = max(1.0, have / ranks) if per_worker is None else float(per_worker)  # null: an even share
+    num_cpus = value_at(cfg, "ray_init.num_cpus")
+    have = ray_cpus(num_cpus)
+    per_worker = cpus_per_rank(value_at(cfg, "trainer.cpus_per_worker"), ranks, num_cpus)
     need = ranks * per_worker
     if need > have:
         raise ValueError(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlflow.config import needed_roles
+from rlflow.config.resource_checks import cpus_per_rank
 from rlflow.config.schema import PPOTrainerConfig
 from rlflow.logging.tracking import run_log_dir
 from rlflow.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
@@ -62,20 +63,11 @@ def init_batches(groups: list[RayWorkerGroup], rollout_name: str) -> list[list[R
 
 
 def cpus_per_worker(config: PPOTrainerConfig) -> float:
-    """The CPUs of one rank's bundle: ``trainer.cpus_per_worker``, or with null the Ray cluster's CPUs
-    shared evenly by all ``nnodes × n_gpus_per_node`` ranks (the running cluster's, else
-    ``ray_init.num_cpus``, else this machine's), at least 1."""
+    """The CPUs of one rank's bundle (`rlflow.config.resource_checks.cpus_per_rank`: with
+    ``trainer.cpus_per_worker: null`` an even share of the Ray cluster's CPUs)."""
     trainer = config.trainer
-    if trainer.cpus_per_worker is not None:
-        return float(trainer.cpus_per_worker)
     ranks = int(trainer.nnodes) * int(trainer.n_gpus_per_node)
-    import ray
-
-    if ray.is_initialized():
-        cpus = float(ray.cluster_resources().get("CPU", 1.0))
-    else:
-        cpus = float(config.ray_init.num_cpus or os.cpu_count() or 1)
-    return max(1.0, cpus / ranks)
+    return cpus_per_rank(trainer.cpus_per_worker, ranks, config.ray_init.num_cpus)
 
 
 def build_worker_groups(config: PPOTrainerConfig, total_training_steps: int) -> WorkerGroups:

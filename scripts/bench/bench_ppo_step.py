@@ -23,8 +23,8 @@ Benches (the step geometry of docs/benchmarks.md, one optimizer step per rollout
 
 Layouts (`LAYOUTS`): ``default`` (the shipped demo layout: one rank per role with every core, token-budget
 micro-batches), ``2rank`` (two single-thread ranks), ``2rank-fixed`` (also fixed micro-batches: the
-demo's layout before 2026-12-04), ``fast`` (``default`` with micro-batches
-as large as the batch) and ``bypass`` (``fast`` without the old-log-prob pass), alternated A B C, C B A,
+demo's layout before 2026-12-04), ``fast`` (``default`` with micro-batches as large as the batch) and
+``bypass`` (``fast`` without the old-log-prob pass), alternated A B C, C B A,
 ... for ``--rounds`` rounds. ``--vs-trl`` adds TRL's ``GRPOTrainer`` with the same model, prompts, reward and
 geometry (GRPO benches only: TRL 1.x has no PPO trainer), in its own process with both cores, alternated
 with the rlflow runs, and prints the ratio.
@@ -102,8 +102,8 @@ LAYOUTS["bypass"] = [
 ]
 """``default``: the shipped demo layout (one rank per role with every core: ``cpus_per_worker: null``).
 ``2rank``: two single-thread ranks per role, the same micro-batches. ``2rank-fixed``: also fixed
-micro-batches (``config/demo_two_ranks.yaml``, the demo's layout before 2026-12-04). ``fast``: ``default`` plus micro-batches as large as the batch (dynamic batching under a
-budget no bench reaches). ``bypass``: ``fast`` with the rollout's log-probs as the old policy's
+micro-batches (``config/demo_two_ranks.yaml``, the demo's layout before 2026-12-04). ``fast``:
+``default`` plus micro-batches as large as the batch (dynamic batching under a budget no bench reaches). ``bypass``: ``fast`` with the rollout's log-probs as the old policy's
 (``algorithm.rollout_correction.bypass_mode``: no ``compute_log_prob`` pass)."""
 
 PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
