@@ -25,7 +25,14 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS = {
-    "test": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6", "tensorboard>=2.14", "mlflow-skinny>=2.10"],
+    "test": [
+        "pytest>=8",
+        "pytest-timeout>=2.3",
+        "ruff>=0.6",
+        "tensorboard>=2.14",
+        "mlflow-skinny>=2.10",
+        "peft>=0.13",
+    ],
     "vllm": ["vllm>=0.33.0"],
     "gpu": ["flash-attn>=2.6"],
     "logging": ["tensorboard>=2.14", "wandb>=0.17", "mlflow>=2.10"],

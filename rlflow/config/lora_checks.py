@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 from omegaconf import DictConfig, ListConfig
 
 from rlflow.config.checks import at_least, flag, positive, value_at
+from rlflow.models.peft_adapter import check_peft_adapter
 
 __all__ = ["check_lora"]
 
@@ -30,25 +33,27 @@ def _module_names(cfg: DictConfig, key: str, allow_all: bool) -> None:
 
 
 def check_lora(cfg: DictConfig) -> None:
-    """``lora_rank`` >= 0; with adapters on: ``lora_alpha`` > 0, the module selections well-formed, no
-    saved adapter to load, and no reference sync (the reference holds no adapters to move)."""
+    """``lora_rank`` >= 0; with adapters on (``lora_rank > 0`` or a ``lora_adapter_path``): a readable PEFT
+    LoRA adapter at the path (`rlflow.models.peft_adapter.check_peft_adapter`, before Ray starts), else
+    ``lora_alpha`` > 0 and the module selections well-formed; and no reference sync (the reference holds
+    no adapters to move)."""
     rank = at_least(cfg, f"{MODEL}.lora_rank", 0)
     path = value_at(cfg, f"{MODEL}.lora_adapter_path")
     if path is not None:
-        raise ValueError(
-            f"{MODEL}.lora_adapter_path={path!r}: starting from a saved PEFT adapter is not supported; merge it "
-            "into its base model (peft's merge_and_unload, then save_pretrained) and set "
-            f"{MODEL}.path to the merged model"
-        )
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"{MODEL}.lora_adapter_path={path!r} must be a directory path or null")
+        rank = check_peft_adapter(os.path.expanduser(path)).rank
     if rank == 0:
         return
-    positive(cfg, f"{MODEL}.lora_alpha")
-    _module_names(cfg, f"{MODEL}.target_modules", allow_all=True)
-    if value_at(cfg, f"{MODEL}.exclude_modules") is not None:
-        _module_names(cfg, f"{MODEL}.exclude_modules", allow_all=False)
+    if path is None:
+        positive(cfg, f"{MODEL}.lora_alpha")
+        _module_names(cfg, f"{MODEL}.target_modules", allow_all=True)
+        if value_at(cfg, f"{MODEL}.exclude_modules") is not None:
+            _module_names(cfg, f"{MODEL}.exclude_modules", allow_all=False)
     if flag(cfg, "actor_rollout_ref.ref.sync_ref_model"):
         raise ValueError(
-            f"actor_rollout_ref.ref.sync_ref_model=true with {MODEL}.lora_rank={rank}: the reference is the "
+            f"actor_rollout_ref.ref.sync_ref_model=true with LoRA adapters on the actor ({MODEL}.lora_rank="
+            f"{rank}{'' if path is None else ', from lora_adapter_path'}): the reference is the "
             "base model and the actor trains only its adapters, so there is nothing to move into the "
             "reference; set sync_ref_model=false (or lora_rank=0)"
         )

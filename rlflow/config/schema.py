@@ -150,8 +150,11 @@ class ModelConfig:
         target_modules: ``all-linear`` (every linear layer but the LM head), a list of module-name
             suffixes (``[q_proj,v_proj]``) or one regular expression over the full module name.
         exclude_modules: module-name suffixes (or one regular expression) taken out of the targets.
-        lora_adapter_path: verl's saved PEFT adapter to start from: null only (merge it into the base
-            model and point ``path`` at the result).
+        lora_adapter_path: a saved PEFT LoRA adapter directory to continue training from (verl's key):
+            its rank, alpha and target modules replace ``lora_rank`` / ``lora_alpha`` /
+            ``target_modules``, its matrices are the adapters' start (`rlflow.models.peft_adapter`); the
+            reference stays the base model. Every actor checkpoint writes its adapters in this format to
+            ``actor/lora_adapter``.
     """
 
     path: str | None = None

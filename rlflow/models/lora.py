@@ -60,16 +60,19 @@ class LoRASpec:
             module-name suffixes (``["q_proj", "v_proj"]``) or one regular expression matched against
             the whole module name.
         exclude_modules: module-name suffixes (or one regular expression) left out of the targets.
+        use_rslora: rsLoRA's scale s = alpha / sqrt(rank) (PEFT's ``use_rslora``; set by adapters loaded
+            from ``lora_adapter_path`` that were trained with it).
     """
 
     rank: int
     alpha: float
     target_modules: str | tuple[str, ...] = ALL_LINEAR
     exclude_modules: str | tuple[str, ...] | None = None
+    use_rslora: bool = False
 
     @property
     def scaling(self) -> float:
-        return float(self.alpha) / float(self.rank)
+        return float(self.alpha) / (math.sqrt(self.rank) if self.use_rslora else float(self.rank))
 
 
 class LoRALinear(nn.Linear):

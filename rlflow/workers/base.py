@@ -22,9 +22,10 @@ from rlflow.config.schema import OptimConfig, PPOTrainerConfig
 from rlflow.engine.optim import build_lr_scheduler, build_optimizer
 from rlflow.models.loader import load_model_config, load_tokenizer
 from rlflow.models.lora import merge_lora_state_dict
+from rlflow.models.peft_adapter import ADAPTER_DIR, save_peft_adapter
 from rlflow.parallel.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from rlflow.parallel.distributed import current_device
-from rlflow.parallel.sharded import load_optimizer_to_device, offload_optimizer_to_cpu
+from rlflow.parallel.sharded import iter_full_params, load_optimizer_to_device, offload_optimizer_to_cpu
 from rlflow.protocol import DataProto
 from rlflow.single_controller import Dispatch, Worker, register
 from rlflow.single_controller.profiling import ProfileSelection
@@ -170,6 +171,20 @@ class RoleWorker(Worker):
         elif self.rank == 0:
             _hf_config(model).save_pretrained(hf_dir)
             tokenizer.save_pretrained(hf_dir)
+        if self.layout.lora is not None:
+            self._save_lora_adapter(os.path.join(path, ADAPTER_DIR))
+
+    def _save_lora_adapter(self, out_dir: str) -> None:
+        """The adapters in PEFT's format (``lora_adapter/``, what ``PeftModel.from_pretrained`` and
+        ``lora_adapter_path`` load); gathered one parameter at a time, only the adapters kept (collective)."""
+        pairs: dict[str, dict[str, torch.Tensor]] = {}
+        for name, tensor in iter_full_params(self.module):
+            prefix, _, leaf = name.rpartition(".")
+            if leaf in ("lora_A", "lora_B") and self.rank == 0:
+                pairs.setdefault(prefix, {})[leaf] = tensor.cpu()
+        if self.rank == 0:
+            adapters = {n: (p["lora_A"], p["lora_B"]) for n, p in pairs.items()}
+            save_peft_adapter(out_dir, adapters, self.layout.lora, model_path(self.layout.model))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:

@@ -4,6 +4,8 @@ building its sharded model, and per-call performance metrics."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 import time
 import warnings
 from collections.abc import Iterator
@@ -21,6 +23,7 @@ from rlflow.models.attention import set_packed_attention
 from rlflow.models.fused_head import install_fused_head
 from rlflow.models.loader import load_causal_lm, load_model_config, load_value_model
 from rlflow.models.lora import LoRASpec, inject_lora
+from rlflow.models.peft_adapter import adapter_spec, apply_peft_adapter
 from rlflow.models.tiny import resolve_model_path
 from rlflow.parallel.dims import ParallelDims
 from rlflow.parallel.distributed import init_distributed
@@ -43,6 +46,8 @@ __all__ = [
     "timed_call",
     "tokenizer_path",
 ]
+
+logger = logging.getLogger(__name__)
 
 TINY_MODEL = "rlflow://tiny"
 
@@ -88,10 +93,26 @@ class RoleLayout:
 
 
 def lora_spec(model: Any) -> LoRASpec | None:
-    """The actor's adapters from ``actor_rollout_ref.model`` (None when ``lora_rank`` is 0)."""
+    """The actor's adapters from ``actor_rollout_ref.model``: those of the PEFT adapter at
+    ``lora_adapter_path`` when set (its rank, alpha and targets; verl's meaning), else ``lora_rank`` /
+    ``lora_alpha`` / ``target_modules`` / ``exclude_modules``; None when ``lora_rank`` is 0 and no adapter
+    is given."""
     # every LoRA key is read whatever the rank: accepted keys are read (tests/config/test_config_reads.py)
     rank, alpha = int(model.lora_rank), float(model.lora_alpha)
     targets, excluded = model.target_modules, model.exclude_modules
+    if model.lora_adapter_path is not None:
+        spec = adapter_spec(os.path.expanduser(model.lora_adapter_path))
+        if rank not in (0, spec.rank) or alpha != spec.alpha:
+            logger.warning(
+                "actor_rollout_ref.model.lora_adapter_path=%s: the adapter's r=%d, lora_alpha=%s and "
+                "target_modules are used (lora_rank=%d, lora_alpha=%s are not)",
+                model.lora_adapter_path,
+                spec.rank,
+                spec.alpha,
+                rank,
+                alpha,
+            )
+        return spec
     if rank == 0:
         return None
 
@@ -245,6 +266,9 @@ def build_role_module(
             )
         if layout.lora is not None:
             inject_lora(model, layout.lora, seed)
+            adapter = getattr(model_cfg, "lora_adapter_path", None)
+            if adapter is not None and device.type != "meta":
+                apply_peft_adapter(model, os.path.expanduser(adapter))
         if model_cfg.use_remove_padding:
             set_packed_attention(model)
         if kind == "causal_lm" and getattr(model_cfg, "use_fused_kernels", False):

@@ -48,7 +48,7 @@ def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, me
         ("critic.model.lora_rank=32", "LoRA adapters are for the actor only"),
         (
             "actor_rollout_ref.model.lora_adapter_path=/adapter",
-            "starting from a saved PEFT adapter is not supported",
+            "actor_rollout_ref.model.lora_adapter_path='/adapter': not a PEFT adapter directory",
         ),
         (
             "actor_rollout_ref.rollout.load_format=nonsense",

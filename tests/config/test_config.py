@@ -511,7 +511,8 @@ BAD_CONFIGS = [
     (
         ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.ref.sync_ref_model=true"],
         {},
-        "actor_rollout_ref.ref.sync_ref_model=true with actor_rollout_ref.model.lora_rank=8",
+        "actor_rollout_ref.ref.sync_ref_model=true with LoRA adapters on the actor "
+        "(actor_rollout_ref.model.lora_rank=8)",
     ),
     (
         ["custom_reward_function.path={reward}", "custom_reward_function.name=nope"],

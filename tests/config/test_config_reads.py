@@ -48,7 +48,6 @@ REFUSED = {
     "actor_rollout_ref.hybrid_engine": False,
     "actor_rollout_ref.actor.fsdp_config.grad_offload": True,
     "critic.fsdp_config.grad_offload": True,
-    "actor_rollout_ref.model.lora_adapter_path": "/adapter",
 }
 """Keys kept for verl compatibility whose other values rlflow refuses, with such a value."""
 

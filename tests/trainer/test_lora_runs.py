@@ -80,6 +80,31 @@ def test_lora_port_trains_the_adapters_merges_them_everywhere_and_resumes_exactl
         else:  # embeddings, norms, biases and the LM head are frozen
             assert moved == 0, key
 
+    # The adapters in PEFT's format beside the shards: PEFT on the base model gives the HF copy's logits.
+    from peft import PeftModel
+
+    base_dir = model_path(cfg.actor_rollout_ref.model)
+    adapter = step_dir / "lora_adapter"
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), adapter).eval()
+    hf_model = AutoModelForCausalLM.from_pretrained(step_dir / "huggingface").eval()
+    ids = torch.randint(0, hf_model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(ids).logits, hf_model(ids).logits, rtol=0, atol=1e-4)
+
+    # Training continues from that adapter (verl's lora_adapter_path): the actor starts away from the
+    # reference (the base model), where a fresh run starts on it, and the rollout decodes with it merged.
+    _, continued = run(
+        "continued",
+        "trainer.resume_mode=disable",
+        "trainer.total_training_steps=1",
+        "trainer.save_freq=-1",
+        f"actor_rollout_ref.model.lora_adapter_path={adapter}",
+    )
+    (start,) = [h for h in continued if h["step"] == 1]
+    assert steps[1]["actor/kl_loss"] < 1e-7  # fresh adapters (B = 0): actor == reference
+    assert start["actor/kl_loss"] > 1e-3, start["actor/kl_loss"]
+    assert start["training/rollout_probs_diff_max"] < 1e-4
+
     _, resumed = run(
         "resumed",
         "trainer.resume_mode=resume_path",
