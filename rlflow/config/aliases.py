@@ -34,6 +34,8 @@ scripts)                                    (the chat template's switch)
 ``actor.entropy_from_logits_with_chunking``,  dropped, logged (`INERT_FLAGS`): rlflow's entropy is always
 ``entropy_checkpointing`` (actor and ref)   chunked and recomputed in the backward
 ``model.use_shm``, ``rollout.layered_summon``  dropped, logged (`INERT_FLAGS`): load / weight-sync speed-ups
+``rollout.multi_stage_wake_up`` (SGLang)      dropped, logged (`INERT_FLAGS`): how an engine wakes up
+``trainer.logger=console`` (one string)       ``trainer.logger=[console]`` (verl wraps it in a list)
 ``rollout.load_format``                      dropped, logged (`INERT_CHOICES`): the engine's first weights
 ==========================================  ==============================================
 
@@ -59,6 +61,7 @@ __all__ = [
     "INERT_CHOICES",
     "INERT_FLAGS",
     "KEY_ALIASES",
+    "SCALAR_AS_LIST",
     "canonical_key",
     "rewrite_critic_file_keys",
     "rewrite_overrides",
@@ -110,6 +113,11 @@ INERT_FLAGS: dict[str, str] = {
         )
         for section in ("actor_rollout_ref.model", "critic.model", "reward_model.model")
     },
+    "actor_rollout_ref.rollout.multi_stage_wake_up": (
+        "SGLang's staged wake-up (weights first, then the KV cache) bounds its peak memory while it wakes; "
+        "rlflow's engines (hf, vllm) receive the weights in buckets of "
+        "rollout.update_weights_bucket_megabytes and start the KV cache only when they generate"
+    ),
     "actor_rollout_ref.rollout.layered_summon": (
         "verl gathers LoRA weights layer by layer to bound the memory of the sync; rlflow's sync always "
         "gathers in buckets of rollout.update_weights_bucket_megabytes and folds the adapters bucket by bucket"
@@ -137,6 +145,10 @@ INERT_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
 }
 """verl keys whose every listed value rlflow's one code path satisfies -> (those values, why): checked,
 logged and dropped; another value is refused naming the key."""
+
+SCALAR_AS_LIST = ("trainer.logger",)
+"""List keys verl also takes as one string (its tracker wraps ``logger=console`` in a list): a scalar
+value is given as a one-element list."""
 
 COEF_ALIASES: dict[str, tuple[str, str]] = {
     "actor_rollout_ref.actor.kl_loss.coef": (
@@ -192,8 +204,18 @@ def rewrite_overrides(overrides: Iterable[str]) -> list[str]:
         new = canonical_key(key)
         if new != key:
             _note(key, new)
+        if new in SCALAR_AS_LIST and prefix != "~":
+            rest = _as_list(rest)
         out.append(prefix + new + rest)
     return rewrite_profiler_overrides(out)
+
+
+def _as_list(rest: str) -> str:
+    """``=console`` -> ``=[console]``; a list, ``null`` or an interpolation stays as it is."""
+    value = rest.removeprefix("=").strip()
+    if not rest.startswith("=") or not value or value[0] in "[$" or value.lower() in ("null", "none"):
+        return rest
+    return f"=[{value}]"
 
 
 def _inert_choice(key: str, value: str) -> None:

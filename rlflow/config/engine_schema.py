@@ -89,8 +89,9 @@ class FSDPConfig:
         grad_offload: older verl's gradient offload; gradients stay with their shards (false; true refused).
         offload_policy: verl's FSDP2 offload switch; false only (``param_offload`` is rlflow's: with
             fsdp2 it is FSDP2's ``CPUOffloadPolicy``).
-        model_dtype: dtype of the master weights: fp32 only (``mixed_precision.param_dtype`` sets the
-            compute dtype).
+        model_dtype: dtype of the weights the role keeps and its optimizer updates: fp32 (default) or
+            bf16 (verl's key: halves the weights' and the optimizer state's memory, bf16 updates);
+            ``mixed_precision.param_dtype`` sets the compute dtype.
         wrap_policy: the FSDP units (`WrapPolicySection`).
     """
 

@@ -134,6 +134,11 @@ class ModelConfig:
             None = ``rlflow://tiny-sft``, the tiny model warm-started on ``data.task`` (rlflow.trainer.warm_start).
         attn_implementation: auto | sdpa | eager | flash_attention_2 (see `rlflow.models.loader`).
         use_remove_padding: pack the valid tokens of a micro-batch into one row (no padding compute).
+        enable_gradient_checkpointing: recompute each decoder layer in the backward (keeps one
+            activation per layer).
+        enable_activation_offload: the actor's update keeps the activations its forward saves for the
+            backward in host memory (`rlflow.parallel.activation_offload`); with gradient checkpointing,
+            one per layer. Same numbers, less accelerator memory, a device-host copy each way.
         override_config: HF config attributes replaced when the model is built (actor, reference,
             rollout), e.g. ``+actor_rollout_ref.model.override_config.attention_dropout=0.0``.
         external_lib: a module name, a ``.py`` file or a list of them, imported by the driver before the
@@ -163,6 +168,7 @@ class ModelConfig:
     attn_implementation: str = "sdpa"
     use_remove_padding: bool = True
     enable_gradient_checkpointing: bool = True
+    enable_activation_offload: bool = False
     override_config: dict[str, Any] = field(default_factory=dict)
     external_lib: Any = None
     use_fused_kernels: bool = False
@@ -311,6 +317,7 @@ class CriticModelConfig:
 
     Attributes:
         override_config: HF config attributes replaced when the value model is built.
+        enable_activation_offload: as the actor's (``actor_rollout_ref.model``), for the critic's update.
     """
 
     path: str | None = II("actor_rollout_ref.model.path")
@@ -319,6 +326,7 @@ class CriticModelConfig:
     attn_implementation: str = II("actor_rollout_ref.model.attn_implementation")
     use_remove_padding: bool = II("actor_rollout_ref.model.use_remove_padding")
     enable_gradient_checkpointing: bool = True
+    enable_activation_offload: bool = False
     override_config: dict[str, Any] = field(default_factory=dict)
 
 

@@ -26,6 +26,7 @@ and ``dp = world size / ulysses_sequence_parallel_size``::
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -70,6 +71,9 @@ WARMUP_STYLES = ("constant", "cosine")
 TRUNCATIONS = ("error", "left", "right", "middle")
 KL_CTRL_TYPES = ("fixed", "adaptive")
 DTYPES = tuple(_DTYPE_TABLE)
+logger = logging.getLogger(__name__)
+
+MODEL_DTYPES = ("fp32", "float32", "bf16", "bfloat16")  # fsdp_config.model_dtype (weights and optimizer)
 
 # --------------------------------------------------------------------------- derived facts
 
@@ -246,11 +250,22 @@ def _check_sharding(cfg: DictConfig, prefix: str) -> None:
             "fsdp2 it is FSDP2's CPUOffloadPolicy); set that instead"
         )
     dtype = value_at(cfg, f"{prefix}.model_dtype")
-    if dtype not in ("fp32", "float32"):
+    if dtype not in MODEL_DTYPES:
         raise ValueError(
-            f"{prefix}.model_dtype={dtype!r}: the master weights stay fp32; set "
-            f"{prefix.replace('ref.fsdp_config', 'actor.fsdp_config')}.mixed_precision.param_dtype=bf16 to "
-            "compute in bf16"
+            f"{prefix}.model_dtype={dtype!r}: the weights the role keeps (and its optimizer updates) are "
+            f"one of {list(MODEL_DTYPES)}; fp16 weights need loss scaling, which rlflow does not do: keep "
+            f"fp32 (or bf16) and set {prefix}.mixed_precision.param_dtype to compute in a lower precision"
+        )
+    role = prefix.removesuffix(".fsdp_config")
+    if dtype in ("bf16", "bfloat16") and role != REF and value_at(cfg, f"{role}.optim.lr") is not None:
+        logger.warning(
+            "%s.model_dtype=%s: the weights are updated in bf16 (8 significant bits): an Adam step of about "
+            "lr=%g changes only weights smaller than about %.1g and rounds away the rest; keep fp32 weights "
+            "(mixed_precision.param_dtype=bf16 computes in bf16) unless memory forbids them",
+            prefix,
+            dtype,
+            float(value_at(cfg, f"{role}.optim.lr")),
+            256 * float(value_at(cfg, f"{role}.optim.lr")),
         )
     if value_at(cfg, f"{prefix}.wrap_policy.min_num_params") != 0:
         raise ValueError(

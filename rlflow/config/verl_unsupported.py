@@ -50,14 +50,6 @@ VERL_UNSUPPORTED: dict[str, str] = {
         f"{role}.megatron": MEGATRON_ADVICE
         for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")
     },
-    "actor_rollout_ref.model.enable_activation_offload": (
-        "activation offload to host memory is not supported: enable_gradient_checkpointing (on by default) "
-        "keeps one activation per layer; lower the micro-batch size or use dynamic batch sizes"
-    ),
-    "actor_rollout_ref.rollout.multi_stage_wake_up": (
-        "SGLang's staged wake-up of weights and KV cache: rlflow's engines (hf, vllm) wake in one step between "
-        "the update and the next generation; drop the key"
-    ),
     "profile": (
         "verl's Ascend NPU profiler section (profile.options.*): rlflow records torch.profiler traces with "
         "trainer.profile_steps and each role's profile_ranks (or verl's global_profiler.* layout); drop it"

@@ -50,6 +50,8 @@ class UpdateSpec:
         seed: base seed of that permutation (``trainer.seed``).
         grad_clip: maximum total gradient norm; <= 0 = no clipping.
         micro: how each mini-batch is split.
+        offload_activations: the forward's saved activations wait in host memory for the backward
+            (``model.enable_activation_offload``, `rlflow.parallel.activation_offload`).
     """
 
     samples_per_mini_batch: int
@@ -58,6 +60,7 @@ class UpdateSpec:
     seed: int = 0
     grad_clip: float = 1.0
     micro: MicroBatchSpec = field(default_factory=MicroBatchSpec)
+    offload_activations: bool = False
 
 
 def _per_rank(prompts: int, rollout_n: int, dp_size: int, key: str) -> int:
@@ -91,7 +94,9 @@ def log_prob_spec(
     )
 
 
-def actor_update_spec(actor: ActorConfig, rollout_n: int, dp_size: int, seed: int) -> UpdateSpec:
+def actor_update_spec(
+    actor: ActorConfig, rollout_n: int, dp_size: int, seed: int, offload_activations: bool = False
+) -> UpdateSpec:
     """The actor's `UpdateSpec` from ``actor_rollout_ref.actor``.
 
     Args:
@@ -99,6 +104,7 @@ def actor_update_spec(actor: ActorConfig, rollout_n: int, dp_size: int, seed: in
         rollout_n: responses per prompt.
         dp_size: data-parallel size of the actor (world size / Ulysses size).
         seed: ``trainer.seed``.
+        offload_activations: ``actor_rollout_ref.model.enable_activation_offload``.
     """
     key = "actor_rollout_ref.actor.ppo_mini_batch_size"
     sp = int(actor.ulysses_sequence_parallel_size)
@@ -111,11 +117,13 @@ def actor_update_spec(actor: ActorConfig, rollout_n: int, dp_size: int, seed: in
         micro=log_prob_spec(
             actor.use_dynamic_bsz, actor.ppo_micro_batch_size_per_gpu, actor.ppo_max_token_len_per_gpu, sp
         ),
+        offload_activations=bool(offload_activations),
     )
 
 
 def critic_update_spec(critic: CriticConfig, rollout_n: int, dp_size: int, seed: int) -> UpdateSpec:
-    """The critic's `UpdateSpec` from the ``critic`` section (its own layout).
+    """The critic's `UpdateSpec` from the ``critic`` section (its own layout; activation offload from
+    ``critic.model.enable_activation_offload``).
 
     Args:
         critic: the critic section.
@@ -135,4 +143,5 @@ def critic_update_spec(critic: CriticConfig, rollout_n: int, dp_size: int, seed:
         micro=log_prob_spec(
             critic.use_dynamic_bsz, critic.ppo_micro_batch_size_per_gpu, critic.ppo_max_token_len_per_gpu, sp
         ),
+        offload_activations=bool(critic.model.enable_activation_offload),
     )

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from rlflow.engine.batching import MicroBatchSpec, UpdateSpec
 from rlflow.engine.seqlen_balancing import rearrange_micro_batches, restore_order
+from rlflow.parallel.activation_offload import ActivationOffload
 from rlflow.parallel.sharded import clip_grad_norm_
 from rlflow.protocol import DataProto
 
@@ -244,7 +245,8 @@ def run_update(
     prefix: str,
 ) -> tuple[dict[str, float], int]:
     """``spec.epochs`` × mini-batches of ``accumulate(mini_batch, acc)`` (forward + backward of its
-    micro-batches), each followed by ``optimizer_step()`` (clip, step or skip; returns the norm).
+    micro-batches; saved activations in host memory with ``spec.offload_activations``), each followed
+    by ``optimizer_step()`` (clip, step or skip; returns the norm).
 
     Args:
         data: this rank's samples.
@@ -264,7 +266,8 @@ def run_update(
         data, spec.samples_per_mini_batch, spec.epochs, spec.shuffle, spec.seed + step
     )
     for _, mini in batches:
-        accumulate(mini, acc)
+        with ActivationOffload(spec.offload_activations):
+            accumulate(mini, acc)
         grad_norm = float(optimizer_step())
         skipped += int(not math.isfinite(grad_norm))
         acc.end_mini_batch(dp_group, extra={f"{prefix}/grad_norm": grad_norm})

@@ -53,7 +53,13 @@ class ActorRolloutWorker(RoleWorker):
             actor,
             self.module,
             self.optimizer,
-            update=actor_update_spec(actor, rollout.n, dims.dp_size, self.config.trainer.seed),
+            update=actor_update_spec(
+                actor,
+                rollout.n,
+                dims.dp_size,
+                self.config.trainer.seed,
+                offload_activations=arr.model.enable_activation_offload,
+            ),
             log_prob=log_prob_spec(
                 rollout.log_prob_use_dynamic_bsz,
                 rollout.log_prob_micro_batch_size_per_gpu,

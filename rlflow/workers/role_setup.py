@@ -29,6 +29,7 @@ from rlflow.parallel.dims import ParallelDims
 from rlflow.parallel.distributed import init_distributed
 from rlflow.parallel.fsdp import build_sharded_model, find_decoder_layers
 from rlflow.protocol import DataProto
+from rlflow.utils.dtypes import to_torch_dtype
 
 __all__ = [
     "RoleLayout",
@@ -242,13 +243,15 @@ def build_role_module(
     Rank 0 loads the weights; the other ranks build the architecture on ``meta`` and receive their
     shards (no extra full copies). A value model built from a checkpoint without a value head gets a
     fresh head, seeded by ``seed``, with dropout off (``classifier_dropout=0``) so that packed and padded
-    forwards agree in train mode.
+    forwards agree in train mode. The weights are kept (and updated) in ``fsdp_config.model_dtype``;
+    ``mixed_precision.param_dtype`` is what the forward computes in.
     """
     model_cfg = layout.model
     path = model_path(model_cfg)
     trust = bool(model_cfg.trust_remote_code)
     attn = model_cfg.attn_implementation
     overrides = dict(model_cfg.override_config)
+    weight_dtype = to_torch_dtype(layout.fsdp.model_dtype, f"{layout.key_prefix}.fsdp_config.model_dtype")
 
     def load_fn(device: torch.device) -> torch.nn.Module:
         if device.type == "meta":
@@ -264,6 +267,8 @@ def build_role_module(
             model = load_causal_lm(
                 path, attn_implementation=attn, trust_remote_code=trust, override_config=overrides
             )
+        if weight_dtype != torch.float32:  # fsdp_config.model_dtype: before the adapters, which follow it
+            model.to(weight_dtype)
         if layout.lora is not None:
             inject_lora(model, layout.lora, seed)
             adapter = getattr(model_cfg, "lora_adapter_path", None)

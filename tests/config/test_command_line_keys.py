@@ -67,7 +67,10 @@ def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, me
             "actor_rollout_ref.ref.fsdp_config.fsdp_size=3",
             "ref.fsdp_config.fsdp_size=3 must divide the world",
         ),
-        ("critic.fsdp_config.model_dtype=bf16", "critic.fsdp_config.model_dtype='bf16': the master weights"),
+        (
+            "critic.fsdp_config.model_dtype=fp16",
+            "critic.fsdp_config.model_dtype='fp16': the weights the role keeps (and its optimizer updates)",
+        ),
         (
             "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=1000000",
             "size-based wrapping is not supported",
@@ -76,7 +79,6 @@ def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, me
             "critic.fsdp_config.offload_policy=true",
             "rlflow's offload switch is critic.fsdp_config.param_offload",
         ),
-        ("actor_rollout_ref.model.enable_activation_offload=true", "activation offload to host memory"),
         ("profile.options.level=level1", "profile.options.level: verl's Ascend NPU profiler section"),
         ("data.custom_cls.path=x.py", "data.custom_cls.path: a dataset class of your own"),
         ("data.trust_remote_code=true", "rlflow is text-only"),
@@ -112,12 +114,14 @@ def test_more_verl_spellings_are_aliases():
             "actor_rollout_ref.model.use_shm=true",  # load / sync speed-ups of verl: dropped, logged
             "critic.model.use_shm=false",
             "actor_rollout_ref.rollout.layered_summon=true",
+            "actor_rollout_ref.rollout.multi_stage_wake_up=true",  # SGLang's staged wake-up: dropped
             "actor_rollout_ref.rollout.load_format=safetensors",
         ],
         config_name="demo_two_ranks",
     )
     validate_config(cfg)
     assert "use_shm" not in cfg.actor_rollout_ref.model and "load_format" not in cfg.actor_rollout_ref.rollout
+    assert "multi_stage_wake_up" not in cfg.actor_rollout_ref.rollout
     assert (cfg.actor_rollout_ref.actor.grad_clip, cfg.critic.grad_clip) == (0.3, 0.7)
     assert cfg.trainer.log_val_generations == 3
     assert cfg.data.apply_chat_template_kwargs == {"enable_thinking": False}

@@ -27,7 +27,6 @@ REFUSED = {
     "reward_model.launch_reward_fn_async": True,
     "actor_rollout_ref.rollout.mode": "server",
     "actor_rollout_ref.rollout.data_parallel_size": 2,
-    **{f"{role}.fsdp_config.model_dtype": "bf16" for role in ("actor_rollout_ref.actor", "critic")},
     **{
         f"{role}.fsdp_config.offload_policy": True
         for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")

@@ -22,8 +22,10 @@ from .verl_scripts import (
     DEEPSEEK7B_SP2,
     GMPO_QWEN3_8B,
     GPG_QWEN2_7B_MATH,
+    GRPO_MISTRAL31_24B,
     GRPO_QWEN2_7B_SEQ_BALANCE,
     GRPO_QWEN3_8B_NPU,
+    GRPO_QWEN3_VL_30B_FSDP2,
     PPO_QWEN2_7B_RM_SEQ_BALANCE_FUSED,
     REINFORCE_PP_QWEN2_7B_MATH,
     REMAX_QWEN25_3B_SEQ_BALANCE,
@@ -152,6 +154,28 @@ def test_grpo_and_reinforce_pp_ports_run_two_steps_with_their_kl_losses(tmp_path
             # both estimators are >= 0 per token; the actor moved away from the reference (lr 1e-6: a little)
             assert 0 <= h["actor/kl_loss"] < 1e-3, name
             assert h["actor/kl_coef"] == pytest.approx(0.001), name
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_bf16_weights_and_activation_offload_ports_run_two_steps(tmp_path):
+    """Mistral-Small-3.1's script keeps the actor's and the reference's weights in bf16, offloaded;
+    Qwen3-VL-30B's offloads activations with gradient checkpointing, Ulysses SP 2 and parameter and
+    optimizer offload on FSDP2 (the text-only rows of the embedded task stand in for their images)."""
+    for name, overrides in (("mistral", GRPO_MISTRAL31_24B), ("qwen3-vl", GRPO_QWEN3_VL_30B_FSDP2)):
+        cfg = load_config([*overrides, *_local(tmp_path / name)])
+        assert cfg.actor_rollout_ref.actor.fsdp_config.model_dtype == (
+            "bfloat16" if name == "mistral" else "fp32"
+        )
+        assert cfg.actor_rollout_ref.model.enable_activation_offload is (name == "qwen3-vl")
+        first, second = _steps(run_ppo(cfg)["history"])
+        for h in (first, second):
+            for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss"):
+                assert math.isfinite(h[key]), (name, key)
+            assert h["actor/grad_norm"] > 0, name
+        # step 1: the actor is the reference; their forwards differ in micro-batching and SP layout only
+        # (fp32 summation order: 2e-6 for qwen3-vl, with and without the offload), far below a step's KL
+        assert 0 <= first["actor/kl_loss"] < 1e-5, name
 
 
 @pytest.mark.slow

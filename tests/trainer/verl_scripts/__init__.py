@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from .grpo import (
     GRPO_GLM41V_9B,
+    GRPO_MISTRAL31_24B,
     GRPO_QWEN2_7B,
     GRPO_QWEN2_7B_SEQ_BALANCE,
     GRPO_QWEN2_7B_SYNC_REF_MODEL,
     GRPO_QWEN3_8B_NPU,
+    GRPO_QWEN3_VL_30B_FSDP2,
     GRPO_QWEN25_3B_LORA,
 )
 from .outcome import (
@@ -43,10 +45,12 @@ __all__ = [
     "GMPO_QWEN3_8B",
     "GPG_QWEN2_7B_MATH",
     "GRPO_GLM41V_9B",
+    "GRPO_MISTRAL31_24B",
     "GRPO_QWEN2_7B",
     "GRPO_QWEN2_7B_SEQ_BALANCE",
     "GRPO_QWEN2_7B_SYNC_REF_MODEL",
     "GRPO_QWEN3_8B_NPU",
+    "GRPO_QWEN3_VL_30B_FSDP2",
     "GRPO_QWEN25_3B_LORA",
     "PPO_QWEN2_7B_RM",
     "PPO_QWEN2_7B_RM_SEQ_BALANCE_FUSED",

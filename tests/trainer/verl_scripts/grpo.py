@@ -278,3 +278,121 @@ GRPO_QWEN25_3B_LORA = [
     "trainer.test_freq=5",
     "trainer.total_epochs=15",
 ]
+
+
+# examples/grpo_trainer/run_mistral3_1_24b.sh: GRPO with the actor's and the reference's weights kept in
+# bf16 (fsdp_config.model_dtype), both offloaded; the Mistral decoder layers named for wrapping.
+GRPO_MISTRAL31_24B = [
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=8",  # env: 256
+    "data.max_prompt_length=32",  # env: 8196
+    "data.max_response_length=8",  # env: 2048
+    "data.filter_overlong_prompts=True",
+    "data.truncation=error",
+    "data.image_key=images",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.model.use_remove_padding=True",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # env: 128
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.actor.kl_loss_coef=0.01",
+    "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+    "actor_rollout_ref.actor.entropy_coeff=0",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+    # env: ['MistralDecoderLayer'] (the tiny Qwen2 model stands in for Mistral-Small-3.1)
+    "actor_rollout_ref.actor.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap=['Qwen2DecoderLayer']",
+    "actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=5",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # env: 4
+    "actor_rollout_ref.ref.strategy=fsdp2",
+    "actor_rollout_ref.actor.strategy=fsdp2",
+    # env: ['MistralDecoderLayer']
+    "actor_rollout_ref.ref.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap=['Qwen2DecoderLayer']",
+    "actor_rollout_ref.ref.fsdp_config.model_dtype=bfloat16",
+    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+    "actor_rollout_ref.rollout.name=hf",  # env: vllm
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+    "actor_rollout_ref.rollout.enable_chunked_prefill=False",
+    "actor_rollout_ref.rollout.enforce_eager=False",
+    "actor_rollout_ref.rollout.free_cache_engine=False",
+    "actor_rollout_ref.rollout.n=5",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=5",
+    "algorithm.use_kl_in_reward=False",
+    "trainer.critic_warmup=0",
+    "trainer.logger=[console]",  # env: console + wandb
+    "trainer.project_name=verl_grpo_example_geo3k",
+    "trainer.experiment_name=mistral3_1_24b_ai",
+    "trainer.n_gpus_per_node=2",  # env: 8
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
+    "trainer.nnodes=1",
+    "trainer.save_freq=20",
+    "trainer.test_freq=5",
+    "trainer.total_epochs=15",
+]
+
+
+# examples/grpo_trainer/run_qwen3_vl_30b-fsdp2_npu.sh: GRPO on FSDP2 with activation offload, parameter
+# and optimizer offload, gradient checkpointing and Ulysses sequence parallelism on actor and reference.
+GRPO_QWEN3_VL_30B_FSDP2 = [
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=8",  # env: 64
+    "data.max_prompt_length=32",  # env: 1024
+    "data.max_response_length=8",  # env: 2048
+    "data.filter_overlong_prompts=True",
+    "data.truncation=error",
+    "data.image_key=images",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.model.use_remove_padding=True",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # env: 32
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.actor.kl_loss_coef=0.01",
+    "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+    "actor_rollout_ref.actor.entropy_coeff=0",
+    "actor_rollout_ref.actor.use_torch_compile=False",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.strategy=fsdp2",
+    "actor_rollout_ref.ref.strategy=fsdp2",
+    "actor_rollout_ref.ref.fsdp_config.fsdp_size=2",  # env: 16
+    "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=True",
+    "actor_rollout_ref.ref.fsdp_config.reshard_after_forward=True",
+    "actor_rollout_ref.actor.fsdp_config.entropy_checkpointing=True",
+    "actor_rollout_ref.actor.entropy_from_logits_with_chunking=True",
+    "actor_rollout_ref.ref.entropy_from_logits_with_chunking=True",
+    "actor_rollout_ref.actor.fsdp_config.offload_policy=False",
+    "actor_rollout_ref.actor.use_dynamic_bsz=False",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+    "actor_rollout_ref.model.enable_activation_offload=True",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # env: 8
+    "actor_rollout_ref.rollout.name=hf",  # env: vllm
+    "actor_rollout_ref.rollout.ignore_eos=False",
+    "+actor_rollout_ref.rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache=True",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.5",
+    "actor_rollout_ref.rollout.enable_chunked_prefill=True",
+    "actor_rollout_ref.rollout.enforce_eager=True",
+    "actor_rollout_ref.rollout.free_cache_engine=True",
+    "actor_rollout_ref.rollout.max_num_batched_tokens=8192",
+    "actor_rollout_ref.rollout.n=5",
+    "actor_rollout_ref.rollout.expert_parallel_size=1",  # env: 8 (experts of the MoE model)
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+    "actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params=0",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",  # env: 4
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size=2",  # env: 4
+    "critic.strategy=fsdp2",
+    "algorithm.use_kl_in_reward=False",
+    "trainer.critic_warmup=0",
+    "trainer.logger=console",
+    "trainer.project_name=verl_grpo_example_geo3k",
+    "trainer.experiment_name=qwen3_vl_30b_function_rm",
+    "trainer.n_gpus_per_node=2",  # env: 16
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
+    "trainer.nnodes=1",
+    "trainer.save_freq=-1",
+    "trainer.test_freq=-1",
+    "trainer.total_epochs=15",
+]
