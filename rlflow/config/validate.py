@@ -61,6 +61,8 @@ from rlflow.utils.dtypes import DTYPES as _DTYPE_TABLE
 
 __all__ = ["KL_ESTIMATORS", "ROLLOUT_NAMES", "need_critic", "need_reference_policy", "validate_config"]
 
+logger = logging.getLogger(__name__)
+
 ACTOR = "actor_rollout_ref.actor"
 REF = "actor_rollout_ref.ref"
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -71,8 +73,6 @@ WARMUP_STYLES = ("constant", "cosine")
 TRUNCATIONS = ("error", "left", "right", "middle")
 KL_CTRL_TYPES = ("fixed", "adaptive")
 DTYPES = tuple(_DTYPE_TABLE)
-logger = logging.getLogger(__name__)
-
 MODEL_DTYPES = ("fp32", "float32", "bf16", "bfloat16")  # fsdp_config.model_dtype (weights and optimizer)
 
 # --------------------------------------------------------------------------- derived facts

@@ -116,10 +116,15 @@ def test_more_verl_spellings_are_aliases():
             "actor_rollout_ref.rollout.layered_summon=true",
             "actor_rollout_ref.rollout.multi_stage_wake_up=true",  # SGLang's staged wake-up: dropped
             "actor_rollout_ref.rollout.load_format=safetensors",
+            "trainer.logger=console",  # one name: verl's tracker wraps it in a list
         ],
         config_name="demo_two_ranks",
     )
     validate_config(cfg)
+    assert list(cfg.trainer.logger) == ["console"]
+    assert list(load_config(["trainer.logger='jsonl'"], config_name="demo_two_ranks").trainer.logger) == [
+        "jsonl"
+    ]
     assert "use_shm" not in cfg.actor_rollout_ref.model and "load_format" not in cfg.actor_rollout_ref.rollout
     assert "multi_stage_wake_up" not in cfg.actor_rollout_ref.rollout
     assert (cfg.actor_rollout_ref.actor.grad_clip, cfg.critic.grad_clip) == (0.3, 0.7)
