@@ -50,6 +50,10 @@ VERL_UNSUPPORTED: dict[str, str] = {
         f"{role}.megatron": MEGATRON_ADVICE
         for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")
     },
+    "trainer.npu_profile": (
+        "verl's Ascend NPU profiler (trainer.npu_profile.*): rlflow records torch.profiler traces with "
+        "trainer.profile_steps and each role's profile_ranks (or verl's global_profiler.* layout); drop it"
+    ),
     "profile": (
         "verl's Ascend NPU profiler section (profile.options.*): rlflow records torch.profiler traces with "
         "trainer.profile_steps and each role's profile_ranks (or verl's global_profiler.* layout); drop it"

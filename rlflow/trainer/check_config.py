@@ -61,7 +61,7 @@ def summary(cfg: DictConfig) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
-    from hydra.errors import ConfigCompositionException
+    from hydra.errors import HydraException
 
     from rlflow.trainer.cli import split_config_name
 
@@ -69,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config_name, overrides = split_config_name([a for a in args if a != "--print"])
         cfg = check_config(overrides, config_name)
-    except (ValueError, ConfigCompositionException) as err:
+    except (ValueError, HydraException) as err:  # HydraException: composition and override-parse errors
         print(f"rlflow.trainer.check_config: {err}", file=sys.stderr)
         return 1
     if "--print" in args:

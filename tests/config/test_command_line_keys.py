@@ -80,6 +80,7 @@ def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, me
             "rlflow's offload switch is critic.fsdp_config.param_offload",
         ),
         ("profile.options.level=level1", "profile.options.level: verl's Ascend NPU profiler section"),
+        ("trainer.npu_profile.options.level=level1", "verl's Ascend NPU profiler (trainer.npu_profile.*)"),
         ("data.custom_cls.path=x.py", "data.custom_cls.path: a dataset class of your own"),
         ("data.trust_remote_code=true", "rlflow is text-only"),
         ("+data.sampling_ratios=[0.5,0.5]", "per-file sampling ratios are not supported"),

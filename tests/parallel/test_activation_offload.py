@@ -35,19 +35,9 @@ def test_a_linear_layer_saves_one_activation_and_its_weight_is_not_counted():
 
 
 def _tiny_model(checkpointing: bool) -> nn.Module:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from rlflow.models.tiny import TinyModelConfig, build_tiny_model
 
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        attn_implementation="sdpa",
-    )
-    model = Qwen2ForCausalLM(config)
+    model = build_tiny_model(TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2))
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.train()
@@ -55,7 +45,7 @@ def _tiny_model(checkpointing: bool) -> nn.Module:
 
 def _grads(checkpointing: bool, offload: bool, device: str = "cpu") -> tuple[dict, int, int]:
     model = _tiny_model(checkpointing).to(device)
-    ids = torch.randint(0, 64, (3, 10), generator=torch.Generator().manual_seed(1)).to(device)
+    ids = torch.randint(0, 272, (3, 10), generator=torch.Generator().manual_seed(1)).to(device)
     with ActivationOffload(offload) as hooks:
         loss = model(input_ids=ids, labels=ids, use_cache=False).loss
     loss.backward()

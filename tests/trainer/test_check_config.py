@@ -25,6 +25,10 @@ def test_problems_exit_1_with_the_key(capsys):
     )
     assert main(["trainer.nnodes=abc"]) == 1  # a wrong type, from composition
     assert "trainer.nnodes" in capsys.readouterr().err
+    # an override Hydra cannot parse (verl's run_qwen2-7b_rm_on_air.sh splits a list on its space)
+    assert main(["trainer.logger=['console',", "'mlflow']"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("rlflow.trainer.check_config: ") and "Traceback" not in err
 
 
 def test_print_shows_the_resolved_config(capsys):
