@@ -41,7 +41,10 @@ class ActivationOffload:
         self._hooks: Any = None
 
     def _pack(self, tensor: torch.Tensor) -> Any:
-        if isinstance(tensor, torch.nn.Parameter):
+        # a parameter, or a view of one (a linear layer saves ``W.t()``; FSDP1's weights are views of
+        # its flat parameter): kept as it is
+        base = tensor if tensor._base is None else tensor._base
+        if isinstance(base, torch.nn.Parameter):
             return tensor
         self.saved += 1
         if tensor.device.type in ("cpu", "meta"):

@@ -22,7 +22,7 @@ def test_a_linear_layer_saves_one_activation_and_its_weight_is_not_counted():
     activation. The weight's transposed view is recognised through its base."""
     torch.manual_seed(0)
     layer = nn.Linear(3, 2)
-    x = torch.randn(4, 3)
+    x = torch.randn(4, 3, requires_grad=True)  # its gradient needs W: autograd saves a view of W too
     with ActivationOffload() as offload:
         y = layer(x)
     y.sum().backward()
@@ -85,7 +85,7 @@ def _actor_update(offload: bool) -> dict:
     from rlflow.parallel.sharded import gather_full_params
     from tests.engine.test_batch_invariance import _batch, _build, _role
 
-    settings = {"micro": 2, "rmpad": True}
+    settings = {"micro": 8, "rmpad": True}  # one micro-batch: 51 packed tokens, a size no weight has
     model, _dims, groups = _build("actor", settings, 1)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     data = _batch()
@@ -94,15 +94,27 @@ def _actor_update(offload: bool) -> dict:
     )
     role.update = dataclasses.replace(role.update, offload_activations=offload)
     seen: list[int] = []
+    shapes: set[tuple[int, ...]] = set()
 
     class Counting(ActivationOffload):  # the real hooks, recording what each mini-batch's pass saved
+        def _pack(self, tensor):
+            before = self.saved
+            packed = super()._pack(tensor)
+            if self.saved > before:
+                shapes.add(tuple(tensor.shape))
+            return packed
+
         def __exit__(self, *exc):
             super().__exit__(*exc)
             seen.append(self.saved)
 
     with mock.patch("rlflow.engine.ppo_loop.ActivationOffload", Counting):
         metrics = role.update_policy(data)
-    return {"metrics": metrics, "params": gather_full_params(model), "saved": seen}
+    params = gather_full_params(model)
+    weight_shapes = {
+        s for p in params.values() if p.dim() == 2 for s in (tuple(p.shape), tuple(p.shape)[::-1])
+    }
+    return {"metrics": metrics, "params": params, "saved": seen, "weights_seen": shapes & weight_shapes}
 
 
 def _bf16_role() -> dict:
@@ -151,8 +163,11 @@ def test_an_actor_update_with_activation_offload_equals_the_one_without(results)
         assert on["metrics"][key] == value, key
     for name, param in off["params"].items():
         assert torch.equal(on["params"][name], param), name
-    # one mini-batch (4 micro-batches): the hooks saw its activations only when switched on
+    # one mini-batch: the hooks saw its activations only when switched on
     assert off["saved"] == [0] and len(on["saved"]) == 1 and on["saved"][0] > 0
+    # what it saw are activations (packed tokens x features), never an FSDP-gathered weight or its
+    # transposed view (the LM head, outside the checkpointed layers, saves W^T for its input gradient)
+    assert on["weights_seen"] == set()
 
 
 def test_model_dtype_bf16_keeps_and_updates_bf16_weights(results):
