@@ -257,15 +257,16 @@ def _check_sharding(cfg: DictConfig, prefix: str) -> None:
             f"fp32 (or bf16) and set {prefix}.mixed_precision.param_dtype to compute in a lower precision"
         )
     role = prefix.removesuffix(".fsdp_config")
-    if dtype in ("bf16", "bfloat16") and role != REF and value_at(cfg, f"{role}.optim.lr") is not None:
+    if dtype in ("bf16", "bfloat16") and role != REF:  # the reference is never updated
+        lr = float(value_at(cfg, f"{role}.optim.lr"))
         logger.warning(
             "%s.model_dtype=%s: the weights are updated in bf16 (8 significant bits): an Adam step of about "
             "lr=%g changes only weights smaller than about %.1g and rounds away the rest; keep fp32 weights "
             "(mixed_precision.param_dtype=bf16 computes in bf16) unless memory forbids them",
             prefix,
             dtype,
-            float(value_at(cfg, f"{role}.optim.lr")),
-            256 * float(value_at(cfg, f"{role}.optim.lr")),
+            lr,
+            256 * lr,
         )
     if value_at(cfg, f"{prefix}.wrap_policy.min_num_params") != 0:
         raise ValueError(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,8 @@ _SAFETENSORS = "adapter_model.safetensors"
 _BIN = "adapter_model.bin"
 _PREFIX = "base_model.model."
 _KEY = "actor_rollout_ref.model.lora_adapter_path"
+# ``<module>.lora_A.weight`` (``.lora_A.default.weight`` when saved with its adapter name)
+_MATRIX_KEY = re.compile(r"(?P<module>.+)\.(?P<leaf>lora_A|lora_B)(?:\.default)?\.weight")
 
 # adapter_config.json fields whose value must be one rlflow's adapters compute, with what else means
 _MUST_BE: dict[str, tuple[tuple[Any, ...], str]] = {
@@ -153,20 +156,13 @@ def load_peft_weights(path: str | os.PathLike) -> dict[str, tuple[torch.Tensor, 
         tensors = torch.load(file, map_location="cpu", weights_only=True)
     found: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
-        name = key.removeprefix(_PREFIX)
-        for leaf in ("lora_A", "lora_B"):
-            for tail in (f".{leaf}.weight", f".{leaf}.default.weight"):
-                if name.endswith(tail):
-                    found.setdefault(name.removesuffix(tail), {})[leaf] = tensor
-                    break
-            else:
-                continue
-            break
-        else:
+        match = _MATRIX_KEY.fullmatch(key.removeprefix(_PREFIX))
+        if match is None:
             raise ValueError(
                 f"{file}: {key!r} is not a LoRA matrix of a linear layer (lora_A / lora_B); embedding "
                 "adapters and extra saved modules are not supported"
             )
+        found.setdefault(match["module"], {})[match["leaf"]] = tensor
     incomplete = sorted(n for n, pair in found.items() if len(pair) != 2)
     if incomplete:
         raise ValueError(f"{file}: modules {incomplete[:3]} lack lora_A or lora_B")

@@ -47,7 +47,7 @@ class ActivationOffload:
         if isinstance(base, torch.nn.Parameter):
             return tensor
         self.saved += 1
-        if tensor.device.type in ("cpu", "meta"):
+        if tensor.device.type == "cpu":
             return tensor
         host = torch.empty(
             tensor.size(),

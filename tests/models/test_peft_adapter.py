@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 from torch import nn
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from rlflow.models.lora import LoRALinear, LoRASpec, inject_lora
 from rlflow.models.peft_adapter import (
@@ -24,23 +24,15 @@ from rlflow.models.peft_adapter import (
     load_peft_weights,
     save_peft_adapter,
 )
+from rlflow.models.tiny import TinyModelConfig, build_tiny_model
 
 peft = pytest.importorskip("peft")
 
 
 def _base(seed: int = 0, layers: int = 2) -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        attn_implementation="eager",
-    )
-    return Qwen2ForCausalLM(config).to(torch.float64).eval()
+    """The tiny Qwen2 (vocab 272, hidden 16) in fp64: both sides differ by summation order only."""
+    config = TinyModelConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=layers)
+    return build_tiny_model(config, seed=seed).to(torch.float64).eval()
 
 
 def _ids() -> torch.Tensor:
