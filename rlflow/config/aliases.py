@@ -31,12 +31,18 @@ clip_grad`` (verl's optimizer section)
 scripts)                                    (the chat template's switch)
 ``actor_rollout_ref.ref.param_offload``      ``actor_rollout_ref.ref.fsdp_config.param_offload``
 (older verl)
+``reward_model.param_offload`` (older verl)   ``reward_model.model.fsdp_config.param_offload``
+``*.optim.lr_decay_style`` (verl's Megatron   ``*.optim.lr_scheduler_type`` (constant | cosine)
+optimizer; actor and critic)
+``actor_rollout_ref.model.lora.{rank,alpha,   ``actor_rollout_ref.model.{lora_rank,lora_alpha,
+target_modules}`` (verl's Megatron LoRA)    target_modules}``
 ``actor.entropy_from_logits_with_chunking``,  dropped, logged (`INERT_FLAGS`): rlflow's entropy is always
 ``entropy_checkpointing`` (actor and ref)   chunked and recomputed in the backward
 ``model.use_shm``, ``rollout.layered_summon``  dropped, logged (`INERT_FLAGS`): load / weight-sync speed-ups
 ``rollout.multi_stage_wake_up`` (SGLang)      dropped, logged (`INERT_FLAGS`): how an engine wakes up
 ``trainer.logger=console`` (one string)       ``trainer.logger=[console]`` (verl wraps it in a list)
 ``rollout.load_format``                      dropped, logged (`INERT_CHOICES`): the engine's first weights
+``data.filter_overlong_prompts_workers``     dropped, logged (`INERT_COUNTS`): one batched tokenizer call
 ==========================================  ==============================================
 
 The early-2025 spelling (one verl release, e.g. its ``run_deepseek7b_llm_sp2.sh`` at that time) had no
@@ -50,6 +56,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rlflow.config.megatron_layout import rewrite_megatron_overrides
 from rlflow.config.override_syntax import parse_bool, split_override, unquote
 from rlflow.config.profiler_layout import rewrite_profiler_overrides
 
@@ -59,6 +66,7 @@ __all__ = [
     "COEF_ALIASES",
     "FLAG_ALIASES",
     "INERT_CHOICES",
+    "INERT_COUNTS",
     "INERT_FLAGS",
     "KEY_ALIASES",
     "SCALAR_AS_LIST",
@@ -87,6 +95,12 @@ KEY_ALIASES: dict[str, str] = {
     "trainer.val_generations_to_log_to_wandb": "trainer.log_val_generations",
     "data.enable_thinking": "data.apply_chat_template_kwargs.enable_thinking",
     "actor_rollout_ref.ref.param_offload": "actor_rollout_ref.ref.fsdp_config.param_offload",
+    "reward_model.param_offload": "reward_model.model.fsdp_config.param_offload",
+    "actor_rollout_ref.actor.optim.lr_decay_style": "actor_rollout_ref.actor.optim.lr_scheduler_type",
+    "critic.optim.lr_decay_style": "critic.optim.lr_scheduler_type",
+    "actor_rollout_ref.model.lora.rank": "actor_rollout_ref.model.lora_rank",
+    "actor_rollout_ref.model.lora.alpha": "actor_rollout_ref.model.lora_alpha",
+    "actor_rollout_ref.model.lora.target_modules": "actor_rollout_ref.model.target_modules",
 }
 """verl key (or key prefix) -> rlflow key."""
 
@@ -146,6 +160,15 @@ INERT_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
 """verl keys whose every listed value rlflow's one code path satisfies -> (those values, why): checked,
 logged and dropped; another value is refused naming the key."""
 
+INERT_COUNTS: dict[str, str] = {
+    "data.filter_overlong_prompts_workers": (
+        "verl's processes for measuring prompt lengths; rlflow tokenizes every prompt in one batched call of "
+        "the fast tokenizer, which spreads the work over threads itself"
+    ),
+}
+"""verl keys holding a number of workers for work rlflow does another way: checked to be integers >= 1,
+logged and dropped."""
+
 SCALAR_AS_LIST = ("trainer.logger",)
 """List keys verl also takes as one string (its tracker wraps ``logger=console`` in a list): a scalar
 value is given as a one-element list."""
@@ -177,9 +200,11 @@ def rewrite_overrides(overrides: Iterable[str]) -> list[str]:
         overrides: the overrides as typed on the command line.
 
     Returns:
-        The same overrides with rlflow's keys; verl's later profiler layout is read onto rlflow's
-        profiler keys last (`rlflow.config.profiler_layout`).
+        The same overrides with rlflow's keys: verl's Megatron keys are read onto FSDP2's first
+        (`rlflow.config.megatron_layout`), verl's later profiler layout onto rlflow's profiler keys last
+        (`rlflow.config.profiler_layout`).
     """
+    overrides = rewrite_megatron_overrides(overrides)
     out = []
     for item in overrides:
         if item.startswith("-") or ("=" not in item and not item.startswith("~")):
@@ -194,6 +219,9 @@ def rewrite_overrides(overrides: Iterable[str]) -> list[str]:
             if key not in _noted:
                 _noted.add(key)
                 logger.info("config key %s%s changes nothing: %s", key, rest, INERT_FLAGS[key])
+            continue
+        if key in INERT_COUNTS and rest and prefix != "~":
+            _inert_count(key, unquote(rest.removeprefix("=")))
             continue
         if key in INERT_CHOICES and rest and prefix != "~":
             _inert_choice(key, unquote(rest.removeprefix("=")))
@@ -216,6 +244,14 @@ def _as_list(rest: str) -> str:
     if not rest.startswith("=") or not value or value[0] in "[$" or value.lower() in ("null", "none"):
         return rest
     return f"=[{value}]"
+
+
+def _inert_count(key: str, value: str) -> None:
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{key}={value!r} must be a whole number >= 1 ({INERT_COUNTS[key]})")
+    if key not in _noted:
+        _noted.add(key)
+        logger.info("config key %s=%s changes nothing: %s", key, value, INERT_COUNTS[key])
 
 
 def _inert_choice(key: str, value: str) -> None:

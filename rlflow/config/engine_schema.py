@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["FSDPConfig", "MixedPrecisionSection", "OptimConfig", "WrapPolicySection"]
+__all__ = ["FSDPConfig", "MegatronConfig", "MixedPrecisionSection", "OptimConfig", "WrapPolicySection"]
 
 
 @dataclass
@@ -105,3 +105,31 @@ class FSDPConfig:
     model_dtype: str = "fp32"
     wrap_policy: WrapPolicySection = field(default_factory=WrapPolicySection)
     mixed_precision: MixedPrecisionSection = field(default_factory=MixedPrecisionSection)
+
+
+@dataclass
+class MegatronConfig:
+    """``*.megatron``: verl's Megatron-LM layout of a role, for ported Megatron scripts; the role runs on
+    FSDP2 (`rlflow.config.megatron_layout` reads ``strategy=megatron`` and the other Megatron keys onto
+    rlflow's). The sizes are checked as Megatron checks them and logged; FSDP2 shards every weight over all
+    the role's ranks, which holds at most what one rank of this layout holds.
+
+    Attributes:
+        tensor_model_parallel_size: Megatron's TP; TP x PP x (Ulysses SP) must divide the role's ranks.
+        pipeline_model_parallel_size: Megatron's PP.
+        virtual_pipeline_model_parallel_size: interleaved pipeline stages per rank (null or >= 1; needs PP > 1).
+        expert_model_parallel_size: Megatron's EP; PP x EP x ETP must divide the role's ranks.
+        expert_tensor_parallel_size: Megatron's ETP (null = TP's).
+        use_dist_checkpointing: verl starts from a Megatron checkpoint converted from the Hugging Face one;
+            rlflow starts from ``model.path`` (those same weights) and needs ``dist_checkpointing_path`` set,
+            as verl does.
+        dist_checkpointing_path: that converted checkpoint (logged, not read).
+    """
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: int | None = None
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int | None = None
+    use_dist_checkpointing: bool = False
+    dist_checkpointing_path: str | None = None

@@ -18,6 +18,7 @@ VLLM_ENGINE_KWARGS_OWNED: dict[str, str] = {
     "max_num_seqs": "actor_rollout_ref.rollout.max_num_seqs",
     "max_num_batched_tokens": "actor_rollout_ref.rollout.max_num_batched_tokens",
     "enable_chunked_prefill": "actor_rollout_ref.rollout.enable_chunked_prefill",
+    "enable_prefix_caching": "actor_rollout_ref.rollout.enable_prefix_caching",
     "enable_sleep_mode": "actor_rollout_ref.rollout.free_cache_engine",
     "seed": "actor_rollout_ref.rollout.seed",
     "load_format": "nothing: the engine starts with dummy weights and receives the actor's every step",

@@ -103,6 +103,8 @@ class RolloutSection:
         max_num_seqs: vllm: scheduler sequence budget per step.
         max_model_len: vllm: context length; None = ``prompt_length + response_length``.
         enable_chunked_prefill: vllm: chunked prefill.
+        enable_prefix_caching: vllm: reuse the KV cache of a prompt prefix already computed (the ``n``
+            responses of one prompt share it); the hf engine prefills each row once in any case.
         ignore_eos: always generate ``response_length`` tokens (benchmarks; an EOS is an ordinary token).
         min_tokens: no EOS before this many tokens (sampling masks it; log-probs are of the full softmax).
         update_weights_bucket_megabytes: bringing the actor's weights into the engine (hf replica, vllm)
@@ -141,6 +143,7 @@ class RolloutSection:
     max_num_seqs: int = 1024
     max_model_len: int | None = None
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
     ignore_eos: bool = False
     min_tokens: int = 0
     update_weights_bucket_megabytes: int = 512

@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlflow.config.checkpoint_schema import CheckpointContentsSection
-from rlflow.config.engine_schema import FSDPConfig, MixedPrecisionSection, OptimConfig, WrapPolicySection
+from rlflow.config.engine_schema import (
+    FSDPConfig,
+    MegatronConfig,
+    MixedPrecisionSection,
+    OptimConfig,
+    WrapPolicySection,
+)
 from rlflow.config.interpolation import II
 from rlflow.config.rollout_schema import EngineKwargsSection, RolloutSection, ValKwargsSection
 from rlflow.config.trainer_schema import RayInitConfig, TrainerConfig
@@ -39,6 +45,7 @@ __all__ = [
     "EngineKwargsSection",
     "FSDPConfig",
     "KLCtrlConfig",
+    "MegatronConfig",
     "MixedPrecisionSection",
     "ModelConfig",
     "OptimConfig",
@@ -86,6 +93,9 @@ class DataConfig:
         filter_overlong_prompts: drop (count and log) prompts longer than ``max_prompt_length``.
         truncation: what to do with an overlong prompt that is not filtered: error | left | right | middle.
         dataloader_num_workers: worker processes of the data loaders.
+        trust_remote_code: load the tokenizer with the custom code its checkpoint ships (verl's key for
+            the tokenizer); the workers load it with ``actor_rollout_ref.model.trust_remote_code``, which must
+            be true as well.
         image_key / video_key: the columns verl's multimodal datasets keep images / videos in. rlflow
             trains text-only models: a row with a non-empty value there is refused, naming the file and
             row (the text would otherwise be trained on without its images).
@@ -110,6 +120,7 @@ class DataConfig:
     filter_overlong_prompts: bool = False
     truncation: str = "error"
     dataloader_num_workers: int = 8
+    trust_remote_code: bool = False
     image_key: str = "images"
     video_key: str = "videos"
 
@@ -240,6 +251,7 @@ class ActorConfig:
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
     checkpoint: CheckpointContentsSection = field(default_factory=CheckpointContentsSection)
 
 
@@ -284,6 +296,7 @@ class RefConfig:
     ulysses_sequence_parallel_size: int = II("actor_rollout_ref.actor.ulysses_sequence_parallel_size")
     use_torch_compile: bool | None = II("actor_rollout_ref.actor.use_torch_compile")
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
     sync_ref_model: bool = False
     ref_model_sync_steps: int = 512
     ref_model_mixup_alpha: float = 0.6
@@ -368,6 +381,7 @@ class CriticConfig:
     loss_agg_mode: str = II("actor_rollout_ref.actor.loss_agg_mode")
     ulysses_sequence_parallel_size: int = 1
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
     checkpoint: CheckpointContentsSection = field(default_factory=CheckpointContentsSection)
     nccl_timeout: float = II("actor_rollout_ref.nccl_timeout")
     profile_ranks: list[int] | None = None

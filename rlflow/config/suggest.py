@@ -15,10 +15,17 @@ import logging
 from collections.abc import Iterable
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.nodes import BooleanNode
 
 from rlflow.config.verl_unsupported import unsupported_advice
 
-__all__ = ["check_override_keys", "drop_append_on_known_keys", "schema_keys", "suggest_keys"]
+__all__ = [
+    "boolean_keys",
+    "check_override_keys",
+    "drop_append_on_known_keys",
+    "schema_keys",
+    "suggest_keys",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +86,24 @@ def _under_open_section(key: str, open_sections: frozenset[str]) -> bool:
     return any(".".join(parts[:i]) in open_sections for i in range(1, len(parts)))
 
 
+@functools.cache
+def boolean_keys(schema: type) -> frozenset[str]:
+    """Dotted keys of the structured config ``schema`` whose value is a boolean."""
+    out: set[str] = set()
+
+    def walk(node: DictConfig, prefix: str) -> None:
+        for name in node.keys():
+            child = node._get_node(name)
+            if isinstance(child, DictConfig):
+                if OmegaConf.get_type(child) not in (dict, None):
+                    walk(child, f"{prefix}{name}.")
+            elif isinstance(child, BooleanNode):
+                out.add(f"{prefix}{name}")
+
+    walk(OmegaConf.structured(schema), "")
+    return frozenset(out)
+
+
 def drop_append_on_known_keys(overrides: Iterable[str], schema: type) -> list[str]:
     """``+key=value`` for a key the schema already has becomes ``key=value`` (logged once per key).
 
@@ -89,11 +114,21 @@ def drop_append_on_known_keys(overrides: Iterable[str], schema: type) -> list[st
     ``+``: there it adds a new entry. The other way round, a plain ``key=value`` under a free-form section
     becomes ``++key=value`` (add or replace): Hydra refuses to assign an entry the mapping does not have
     yet, and verl declares some such entries in its own YAML (``rollout.engine_kwargs.vllm.*``), so its
-    scripts set them without ``+``.
+    scripts set them without ``+``. A boolean key given no value (``data.return_raw_chat=``: a shell
+    variable the script never set) is false, as verl's code reads the empty string (warned).
     """
     keys, open_sections = schema_keys(schema)
+    booleans = boolean_keys(schema)
     out = []
     for item in overrides:
+        key, sep, value = item.lstrip("+").partition("=")
+        if sep and not value.strip() and key.strip() in booleans:
+            logger.warning(
+                "%s has no value (an unset shell variable?): read as %s=false, as verl reads the empty string",
+                item,
+                key.strip(),
+            )
+            item = f"{item.rstrip()}false"
         if item.startswith("+") and not item.startswith("++") and "=" in item:
             key = item[1:].split("=", 1)[0].strip()
             if key in keys:

@@ -48,6 +48,7 @@ from rlflow.config.checks import (
 from rlflow.config.correction_checks import check_rollout_correction
 from rlflow.config.file_checks import check_files, check_user_code
 from rlflow.config.lora_checks import check_lora
+from rlflow.config.megatron_checks import check_megatron
 from rlflow.config.resource_checks import check_local_resources
 from rlflow.config.reward_checks import check_filter_groups, check_reward_model
 from rlflow.config.rollout_checks import ROLLOUT_NAMES, check_rollout
@@ -185,6 +186,11 @@ def _check_data(cfg: DictConfig) -> None:
     at_least(cfg, "data.val_batch_size", 1, allow_none=True)
     at_least(cfg, "data.dataloader_num_workers", 0)
     choice(cfg, "data.truncation", TRUNCATIONS)
+    if flag(cfg, "data.trust_remote_code") and not flag(cfg, "actor_rollout_ref.model.trust_remote_code"):
+        raise ValueError(
+            "data.trust_remote_code=true: every worker loads the tokenizer with "
+            "actor_rollout_ref.model.trust_remote_code, which is false; set it to true as well"
+        )
     if value_at(cfg, "data.train_files") is None or value_at(cfg, "data.val_files") is None:
         choice(cfg, "data.task", tuple(TASKS))
 
@@ -227,11 +233,11 @@ def _check_optim(cfg: DictConfig, prefix: str) -> None:
 
 
 def _check_fsdp(cfg: DictConfig, prefix: str) -> None:
-    if flag(cfg, f"{prefix}.grad_offload"):
+    if flag(cfg, f"{prefix}.grad_offload") and not flag(cfg, f"{prefix}.param_offload"):
         raise ValueError(
-            f"{prefix}.grad_offload=true (older verl): rlflow keeps gradients with their parameter shards; "
-            f"offload the weights ({prefix}.param_offload) or the optimizer state "
-            f"({prefix}.optimizer_offload) instead"
+            f"{prefix}.grad_offload=true without {prefix}.param_offload: rlflow keeps gradients with their "
+            f"parameter shards, so they live in host memory exactly when the weights do; set "
+            f"{prefix}.param_offload=true too, or grad_offload=false"
         )
     _check_sharding(cfg, prefix)
     for name in ("param_dtype", "reduce_dtype", "buffer_dtype"):
@@ -492,6 +498,7 @@ def _check_layout(cfg: DictConfig, heads: int | None, kv_heads: int | None) -> N
     sp = _check_sp(cfg, ACTOR, world, heads, kv_heads)
     _check_fsdp_size(cfg, ACTOR, world)
     _check_fsdp_size(cfg, "actor_rollout_ref.ref", world)
+    check_megatron(cfg, ACTOR, world, sp)
     _check_ppo_batches(cfg, ACTOR, world // sp, sp)
     for prefix in (ROLLOUT, REF):
         _check_micro(
@@ -502,7 +509,7 @@ def _check_layout(cfg: DictConfig, heads: int | None, kv_heads: int | None) -> N
             sp,
         )
     if need_reference_policy(cfg):
-        _check_sp(cfg, REF, world, heads, kv_heads)
+        check_megatron(cfg, REF, world, _check_sp(cfg, REF, world, heads, kv_heads))
     _check_ref_sync(cfg)
     if not need_critic(cfg):
         return
@@ -514,6 +521,7 @@ def _check_layout(cfg: DictConfig, heads: int | None, kv_heads: int | None) -> N
         )
     critic_sp = _check_sp(cfg, "critic", critic_world, heads, kv_heads)
     _check_fsdp_size(cfg, "critic", critic_world)
+    check_megatron(cfg, "critic", critic_world, critic_sp)
     _check_ppo_batches(cfg, "critic", critic_world // critic_sp, critic_sp)
     _check_micro(
         cfg,

@@ -19,9 +19,8 @@ _QUANTIZED = (
     "computes in actor_rollout_ref.rollout.dtype (null = the actor's precision)"
 )
 MEGATRON_ADVICE = (
-    "rlflow has no Megatron-LM backend (tensor / pipeline / expert parallelism inside a layer): drop the "
-    "megatron.* keys and run strategy=fsdp2 (or fsdp), which shards parameters, gradients and optimizer "
-    "state over the data-parallel ranks; long sequences split with ulysses_sequence_parallel_size"
+    "rlflow trains on FSDP: on the command line strategy=megatron is read as fsdp2 together with the "
+    "megatron.* keys (rlflow.config.megatron_layout); in a config file write strategy: fsdp2"
 )
 _CRITIC_LORA = (
     "LoRA adapters are for the actor only (actor_rollout_ref.model.lora_rank): the critic trains every weight; "
@@ -46,10 +45,6 @@ VERL_UNSUPPORTED: dict[str, str] = {
         "records traces of chosen steps; drop it"
     ),
     **{f"critic.model.{key}": _CRITIC_LORA for key in ("lora_rank", "lora_alpha", "target_modules")},
-    **{
-        f"{role}.megatron": MEGATRON_ADVICE
-        for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")
-    },
     "trainer.npu_profile": (
         "verl's Ascend NPU profiler (trainer.npu_profile.*): rlflow records torch.profiler traces with "
         "trainer.profile_steps and each role's profile_ranks (or verl's global_profiler.* layout); drop it"
@@ -61,10 +56,6 @@ VERL_UNSUPPORTED: dict[str, str] = {
     "data.custom_cls": (
         "a dataset class of your own (verl's multimodal recipes): rlflow's RLHFDataset reads parquet / jsonl "
         "chat prompts (data.prompt_key) and is not replaceable; convert the data to that layout"
-    ),
-    "data.trust_remote_code": (
-        "verl loads a multimodal processor with it; rlflow is text-only and loads the tokenizer with "
-        "actor_rollout_ref.model.trust_remote_code: drop the key"
     ),
     "data.sampling_ratios": (
         "per-file sampling ratios are not supported: the training files are concatenated and shuffled; "

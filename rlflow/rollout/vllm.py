@@ -103,6 +103,7 @@ def vllm_engine_kwargs(
         "max_num_seqs": config.max_num_seqs,
         "max_num_batched_tokens": config.max_num_batched_tokens,
         "enable_chunked_prefill": config.enable_chunked_prefill,
+        "enable_prefix_caching": config.enable_prefix_caching,
         "enable_sleep_mode": config.free_cache_engine,
         "load_format": "dummy",
         "skip_tokenizer_init": True,

@@ -169,6 +169,22 @@ def build_tracker(config: PPOTrainerConfig) -> Any:
     )
 
 
+def megatron_summaries(config: PPOTrainerConfig) -> list[str]:
+    """How each role's Megatron layout (verl's ``<role>.megatron``, from a ported script) runs here: one
+    line per role of this run whose layout is not the default (`rlflow.config.megatron_checks`)."""
+    from rlflow.config.megatron_checks import megatron_summary
+    from rlflow.config.validate import need_critic, need_reference_policy
+
+    arr = config.actor_rollout_ref
+    roles = [("actor_rollout_ref.actor", arr.actor)]
+    if need_reference_policy(config):
+        roles.append(("actor_rollout_ref.ref", arr.ref))
+    if need_critic(config):
+        roles.append(("critic", config.critic))
+    lines = [megatron_summary(key, role.megatron, role.ulysses_sequence_parallel_size) for key, role in roles]
+    return [line for line in lines if line]
+
+
 def _trainer(config: PPOTrainerConfig, tracker: Any | None) -> Any:
     from rlflow.models.loader import load_tokenizer
     from rlflow.single_controller import init_ray
@@ -177,11 +193,13 @@ def _trainer(config: PPOTrainerConfig, tracker: Any | None) -> Any:
     model = config.actor_rollout_ref.model
     tokenizer = load_tokenizer(
         str(config.data.tokenizer or model.tokenizer_path or model.path),
-        trust_remote_code=bool(model.trust_remote_code),
+        trust_remote_code=bool(model.trust_remote_code or config.data.trust_remote_code),
     )
     train_loader, val_loader = build_data(config, tokenizer)
     reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
     logger.info("%s", rollout_summary(config))
+    for line in megatron_summaries(config):
+        logger.info("%s", line)
     custom_adv = None
     spec = config.algorithm.custom_advantage_function
     if spec.path:

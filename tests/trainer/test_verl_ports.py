@@ -2,7 +2,7 @@
 
 The override lists are in `tests/trainer/verl_scripts/`, one file per trainer family (facts: each script's
 keys and values, the edits the environment dictates marked ``# env``). Every list composes and passes every pre-Ray check; one script
-per trainer family (PPO, GRPO, REINFORCE++, RLOO, ReMax, GPG, GMPO, DAPO) runs 2 steps
+per trainer family (PPO, GRPO, REINFORCE++, RLOO, ReMax, GPG, GMPO, DAPO, and verl's Megatron scripts) runs 2 steps
 (``trainer.total_training_steps=2`` added) and shows the metrics that family is about.
 """
 
@@ -23,9 +23,11 @@ from .verl_scripts import (
     GMPO_QWEN3_8B,
     GPG_QWEN2_7B_MATH,
     GRPO_MISTRAL31_24B,
+    GRPO_QWEN2_7B_MATH_MEGATRON,
     GRPO_QWEN2_7B_SEQ_BALANCE,
     GRPO_QWEN3_8B_NPU,
     GRPO_QWEN3_VL_30B_FSDP2,
+    PPO_MOONLIGHT16B_A3B_MEGATRON,
     PPO_QWEN2_7B_RM_SEQ_BALANCE_FUSED,
     REINFORCE_PP_QWEN2_7B_MATH,
     REMAX_QWEN25_3B_SEQ_BALANCE,
@@ -45,9 +47,15 @@ def _environment(overrides: list[str], reward_model_dir: str) -> list[str]:
     return [o.replace("{reward_model_dir}", reward_model_dir) for o in overrides]
 
 
+def _config_name(name: str) -> str:
+    """verl's Megatron scripts name its Megatron config (``--config-name ppo_megatron_trainer``)."""
+    return "ppo_megatron_trainer" if name.endswith("_MEGATRON") else "ppo_trainer"
+
+
 @pytest.mark.parametrize("name", sorted(PORTS))
 def test_port_composes_and_passes_every_check(name, reward_model_dir):
-    prepare_config(load_config(_environment(PORTS[name], reward_model_dir)), build_warm_start=False)
+    cfg = load_config(_environment(PORTS[name], reward_model_dir), config_name=_config_name(name))
+    prepare_config(cfg, build_warm_start=False)
 
 
 def test_verls_async_rollout_mode_is_accepted_and_logged():
@@ -176,6 +184,35 @@ def test_bf16_weights_and_activation_offload_ports_run_two_steps(tmp_path):
         # step 1: the actor is the reference; their forwards differ in micro-batching and SP layout only
         # (fp32 summation order: 2e-6 for qwen3-vl, with and without the offload), far below a step's KL
         assert 0 <= first["actor/kl_loss"] < 1e-5, name
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_megatron_ports_run_two_steps_on_fsdp2(tmp_path):
+    """verl's Megatron scripts (PP 2 layouts, full recompute, Megatron's offloads) run on FSDP2: GRPO with a
+    KL loss, and PPO with a critic whose Megatron section is read onto its own FSDP2 keys."""
+    from rlflow.config import to_typed
+    from rlflow.trainer.main_ppo import megatron_summaries
+
+    for name, overrides in (("grpo", GRPO_QWEN2_7B_MATH_MEGATRON), ("ppo", PPO_MOONLIGHT16B_A3B_MEGATRON)):
+        cfg = load_config([*overrides, *_local(tmp_path / name)], config_name="ppo_megatron_trainer")
+        assert cfg.actor_rollout_ref.actor.strategy == cfg.critic.strategy == "fsdp2"
+        assert cfg.actor_rollout_ref.actor.megatron.pipeline_model_parallel_size == 2
+        lines = megatron_summaries(to_typed(prepare_config(cfg, build_warm_start=False)))
+        assert [line.split(":")[0] for line in lines] == (
+            ["actor_rollout_ref.actor.megatron", "actor_rollout_ref.ref.megatron"]
+            if name == "grpo"
+            else ["actor_rollout_ref.actor.megatron", "critic.megatron"]
+        )
+        first, second = _steps(run_ppo(cfg)["history"])
+        for h in (first, second):
+            assert math.isfinite(h["actor/pg_loss"]) and math.isfinite(h["actor/grad_norm"]), name
+        if name == "grpo":  # step 1: actor == reference; their forwards differ in micro-batching only
+            assert 0 <= first["actor/kl_loss"] < 1e-5 and 0 <= second["actor/kl_loss"] < 1e-3
+        else:  # GAE gives every response a non-zero advantage: both roles get gradients
+            for h in (first, second):
+                assert h["actor/grad_norm"] > 0 and h["critic/grad_norm"] > 0
+                assert math.isfinite(h["critic/vf_loss"])
 
 
 @pytest.mark.slow

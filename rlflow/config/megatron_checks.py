@@ -1,0 +1,82 @@
+"""Checks of verl's Megatron layout of a role (``<role>.megatron.*``, `rlflow.config.megatron_layout`),
+used by `rlflow.config.validate`: the sizes must be ones Megatron itself would accept on the role's ranks,
+so a ported script that verl would refuse is refused here too."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from rlflow.config.checks import at_least, flag, value_at
+from rlflow.config.engine_schema import MegatronConfig
+
+__all__ = ["check_megatron", "megatron_summary"]
+
+
+def check_megatron(cfg: DictConfig, prefix: str, world: int, sp: int) -> None:
+    """``<prefix>.megatron``: positive sizes, TP x PP x SP and PP x EP x ETP dividing ``world``, a checkpoint
+    path with ``use_dist_checkpointing``.
+
+    Args:
+        cfg: the composed config.
+        prefix: the role (``actor_rollout_ref.actor``, ``actor_rollout_ref.ref`` or ``critic``).
+        world: the role's ranks.
+        sp: its Ulysses size (verl's Megatron ``context_parallel_size`` is read as it).
+    """
+    key = f"{prefix}.megatron"
+    tp = at_least(cfg, f"{key}.tensor_model_parallel_size", 1)
+    pp = at_least(cfg, f"{key}.pipeline_model_parallel_size", 1)
+    vpp = at_least(cfg, f"{key}.virtual_pipeline_model_parallel_size", 1, allow_none=True)
+    ep = at_least(cfg, f"{key}.expert_model_parallel_size", 1)
+    etp = at_least(cfg, f"{key}.expert_tensor_parallel_size", 1, allow_none=True) or tp
+    if vpp is not None and pp == 1:
+        raise ValueError(
+            f"{key}.virtual_pipeline_model_parallel_size={vpp} needs {key}.pipeline_model_parallel_size > 1 "
+            "(Megatron interleaves stages of a pipeline); set it to null"
+        )
+    if world % (tp * pp * sp):
+        raise ValueError(
+            f"{key}.tensor_model_parallel_size={tp} x {key}.pipeline_model_parallel_size={pp} x context "
+            f"(Ulysses) size {sp} = {tp * pp * sp} must divide the {world} ranks of {prefix}, as Megatron "
+            "requires (scale the sizes with the GPU count)"
+        )
+    if world % (pp * ep * etp):
+        raise ValueError(
+            f"{key}.pipeline_model_parallel_size={pp} x {key}.expert_model_parallel_size={ep} x "
+            f"{key}.expert_tensor_parallel_size={etp} = {pp * ep * etp} must divide the {world} ranks of "
+            f"{prefix}, as Megatron requires (scale the sizes with the GPU count)"
+        )
+    if flag(cfg, f"{key}.use_dist_checkpointing") and not value_at(cfg, f"{key}.dist_checkpointing_path"):
+        raise ValueError(
+            f"{key}.use_dist_checkpointing=true needs {key}.dist_checkpointing_path (verl reads the converted "
+            "checkpoint there); or set use_dist_checkpointing=false"
+        )
+
+
+def megatron_summary(prefix: str, megatron: MegatronConfig, sp: int) -> str | None:
+    """One log line saying how verl's Megatron layout of the role ``prefix`` runs here (None: the defaults).
+
+    Args:
+        prefix: the role's key (``critic``, ...).
+        megatron: its typed ``megatron`` section.
+        sp: its Ulysses size (where the script's context parallelism went).
+    """
+    m = megatron
+    sizes = (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.expert_model_parallel_size)
+    layout = (
+        f"TP {sizes[0]} x PP {sizes[1]} (virtual {m.virtual_pipeline_model_parallel_size}), EP {sizes[2]} "
+        f"(ETP {m.expert_tensor_parallel_size})"
+    )
+    path, use_path = m.dist_checkpointing_path, m.use_dist_checkpointing
+    ckpt = path if use_path else None
+    if sizes == (1, 1, 1) and ckpt is None:
+        return None
+    line = (
+        f"{prefix}.megatron: verl's Megatron layout {layout} runs as FSDP2, every weight sharded over all the "
+        f"role's ranks, Ulysses sequence parallelism {sp}"
+    )
+    if ckpt is not None:
+        line += (
+            f"; the weights come from model.path, the Hugging Face checkpoint verl converts into {ckpt} "
+            "(that Megatron checkpoint is not read)"
+        )
+    return line

@@ -1,0 +1,345 @@
+"""verl's Megatron-LM scripts (``strategy=megatron``, ``<role>.megatron.*``) read onto rlflow's FSDP2 keys.
+
+rlflow trains with one backend, FSDP (FSDP2 by default). verl's Megatron scripts run the same algorithm
+and split the model differently: tensor (TP), pipeline (PP), context (CP) and expert (EP) parallelism.
+Before the config is composed, their overrides are rewritten onto rlflow's keys (each rewrite logged
+once), so a Megatron script ports with environment edits only:
+
+=========================================================  =================================================
+verl                                                       rlflow
+=========================================================  =================================================
+``<role>.strategy=megatron``                               ``strategy=fsdp2``: every weight, gradient and
+                                                           optimizer moment sharded over all the role's
+                                                           ranks, which holds at most what one Megatron
+                                                           rank holds
+``megatron.{tensor,pipeline,virtual_pipeline,expert,       ``<role>.megatron.*``: checked as Megatron checks
+expert_tensor}_model_parallel_size``                       them (TP x PP x CP divides the role's ranks,
+                                                           PP x EP x ETP too); FSDP2 needs no such split
+``megatron.context_parallel_size``                         ``<role>.ulysses_sequence_parallel_size`` (the
+                                                           sequence split over ranks; Ulysses needs the
+                                                           attention heads divisible by it)
+``megatron.{param,optimizer,grad}_offload``                ``<role>.fsdp_config.*`` (gradients are offloaded
+                                                           with the parameters)
+``megatron.dtype``                                         ``<role>.fsdp_config.mixed_precision.param_dtype``
+``megatron.use_dist_checkpointing`` /                      ``<role>.megatron.*``: the weights come from
+``dist_checkpointing_path``                                ``model.path`` (the Hugging Face checkpoint verl
+                                                           converts into that path); logged
+``megatron.use_mbridge`` / ``vanilla_mbridge``             dropped, logged: how verl maps Hugging Face
+                                                           weights into Megatron's modules
+``megatron.override_transformer_config.                    ``model.enable_gradient_checkpointing=true``
+recompute_granularity=full|selective``                     (actor, critic; every decoder layer recomputed);
+                                                           ``recompute_method`` / ``recompute_num_layers``
+                                                           / ``recompute_modules`` checked and logged
+``override_transformer_config`` kernel switches (fusions,  dropped, logged (`KERNEL_SWITCHES`): how Megatron
+flash attention, MoE dispatch, pipeline stage split)       computes, not what
+``override_transformer_config.moe_aux_loss_coeff`` /       ``0`` only: the Hugging Face MoE forward trains
+``moe_z_loss_coeff`` / ``moe_router_bias_update_rate``     without router losses or bias updates, as verl's
+                                                           FSDP backend does; other values refused
+``actor.optim.override_optimizer_config.                   ``actor_rollout_ref.actor.fsdp_config.
+optimizer_cpu_offload=true``                               optimizer_offload=true`` (the whole state;
+                                                           ``optimizer_offload_fraction`` in (0, 1] checked)
+``model_engine=megatron``                                  dropped, logged (the engine is FSDP)
+=========================================================  =================================================
+
+Every other key under ``megatron`` or ``override_transformer_config`` is refused naming it.
+``reward_model.megatron.tensor_model_parallel_size`` and ``param_offload`` go to the reward model's own
+keys (``reward_model.inference.tensor_model_parallel_size``, ``reward_model.model.fsdp_config.
+param_offload``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from rlflow.config.override_syntax import parse_bool, split_override, unquote
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["KERNEL_SWITCHES", "MEGATRON_ROLES", "rewrite_megatron_overrides"]
+
+ACTOR, REF, CRITIC, REWARD = "actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model"
+MEGATRON_ROLES = (ACTOR, REF, CRITIC, REWARD)
+
+SIZES = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+)
+"""Megatron's model-parallel sizes kept under ``<role>.megatron`` (checked by `rlflow.config.validate`)."""
+
+_GC_KEY = {
+    ACTOR: "actor_rollout_ref.model.enable_gradient_checkpointing",
+    CRITIC: "critic.model.enable_gradient_checkpointing",
+}
+_NULL = ("null", "none", "~", "")
+
+KERNEL_SWITCHES: dict[str, str] = {
+    **{
+        key: "a Megatron kernel choice (how a layer computes, not what)"
+        for key in (
+            "gradient_accumulation_fusion",
+            "apply_rope_fusion",
+            "masked_softmax_fusion",
+            "bias_activation_fusion",
+            "bias_dropout_fusion",
+            "persist_layer_norm",
+            "use_flash_attn",
+            "attention_backend",
+            "use_fused_rotary_pos_emb",
+            "use_fused_rmsnorm",
+            "deallocate_pipeline_outputs",
+        )
+    },
+    **{
+        key: "how Megatron moves tokens to their experts (the Hugging Face MoE forward computes the same sums)"
+        for key in (
+            "moe_permute_fusion",
+            "moe_grouped_gemm",
+            "moe_enable_deepep",
+            "moe_token_dispatcher_type",
+            "moe_shared_expert_overlap",
+        )
+    },
+    "moe_router_dtype": (
+        "the router's precision in Megatron; the Hugging Face MoE forward takes the routing softmax in fp32 and "
+        "the gate's product in mixed_precision.param_dtype"
+    ),
+    **{
+        key: "how layers are divided among pipeline stages (FSDP2 shards every layer over all ranks)"
+        for key in (
+            "num_layers_in_first_pipeline_stage",
+            "num_layers_in_last_pipeline_stage",
+            "account_for_embedding_in_pipeline_split",
+            "account_for_loss_in_pipeline_split",
+        )
+    },
+    **{
+        key: "the architecture, which rlflow reads from the model's config.json"
+        for key in ("position_embedding_type", "normalization")
+    },
+    "enable_vision_context_parallelism": "a vision-tower option (rlflow trains text models)",
+}
+"""``override_transformer_config`` keys whose every value rlflow's one code path satisfies -> why."""
+
+_RECOMPUTE = ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules")
+_ZERO_ONLY = {
+    "moe_aux_loss_coeff": "the router's load-balancing loss",
+    "moe_z_loss_coeff": "the router's z-loss",
+    "moe_router_bias_update_rate": "the aux-loss-free router bias update",
+}
+_INERT_BOOLS = {
+    "use_mbridge": "how verl maps Hugging Face weights into Megatron's modules (rlflow trains the Hugging Face "
+    "modules themselves)",
+    "vanilla_mbridge": "which weight bridge verl uses (rlflow needs none)",
+}
+_OPTIMIZER_INERT = {
+    "overlap_cpu_optimizer_d2h_h2d": "overlaps Megatron's host-device optimizer copies (a speed switch)",
+    "use_precision_aware_optimizer": "Megatron's fused AdamW with its default fp32 moments: the same update "
+    "as rlflow's AdamW",
+}
+_OPTIM = f"{ACTOR}.optim.override_optimizer_config"
+_ROLE_KEYS = (
+    *SIZES,
+    "context_parallel_size",
+    "param_offload",
+    "optimizer_offload",
+    "grad_offload",
+    "dtype",
+    "use_dist_checkpointing",
+    "dist_checkpointing_path",
+    *_INERT_BOOLS,
+    "override_transformer_config.*",
+)
+
+
+def rewrite_megatron_overrides(overrides: Iterable[str]) -> list[str]:
+    """Rewrite verl's Megatron overrides onto rlflow's keys (the table in the module docstring).
+
+    Args:
+        overrides: command-line overrides, verl's other spellings already rewritten.
+
+    Returns:
+        The overrides with every Megatron key replaced by rlflow's (or dropped, logged).
+
+    Raises:
+        ValueError: a Megatron key or value rlflow has no meaning for, naming it and what to do.
+    """
+    overrides = list(overrides)
+    out: list[str] = []
+    late: list[str] = []  # optimizer offload asked by Megatron's optimizer: after the role's own switch
+    recompute: set[str] = set()  # gradient-checkpointing keys a Megatron recompute setting turned on
+    for item in overrides:
+        if item.startswith("-") or "=" not in item:
+            out.append(item)
+            continue
+        prefix, key, rest = split_override(item)
+        value = unquote(rest.removeprefix("="))
+        role = next((r for r in MEGATRON_ROLES if key.startswith(f"{r}.megatron.")), None)
+        if key == "model_engine":
+            _engine(value)
+        elif key in {f"{r}.strategy" for r in MEGATRON_ROLES} and value == "megatron":
+            _note(key, f"{key}=megatron runs as {key}=fsdp2 (rlflow.config.megatron_layout)")
+            out.append(f"{key}=fsdp2")
+        elif role is not None and prefix != "~":
+            new = _role_key(role, key.removeprefix(f"{role}.megatron."), value)
+            recompute |= {o.partition("=")[0] for o in new if o.partition("=")[0] in _GC_KEY.values()}
+            out.extend(new)
+        elif key.startswith(f"{_OPTIM}.") and prefix != "~":
+            late.extend(_optimizer_key(key.removeprefix(f"{_OPTIM}."), value))
+        else:
+            out.append(item)
+    out.extend(late)
+    _check_checkpointing(out, recompute)
+    return out
+
+
+def _role_key(role: str, sub: str, value: str) -> list[str]:
+    """rlflow's overrides for ``<role>.megatron.<sub>=value``."""
+    key = f"{role}.megatron.{sub}"
+    if role == REWARD:
+        targets = {
+            "tensor_model_parallel_size": "reward_model.inference.tensor_model_parallel_size",
+            "param_offload": "reward_model.model.fsdp_config.param_offload",
+        }
+        if sub not in targets:
+            raise ValueError(
+                f"{key}: the reward model runs as one full copy per rank (forward only); of its Megatron keys "
+                f"only {sorted(targets)} have a meaning here: drop it"
+            )
+        _note(key, f"{key} is read as {targets[sub]}")
+        return [f"{targets[sub]}={value}"]
+    if sub in SIZES or sub in ("use_dist_checkpointing", "dist_checkpointing_path"):
+        return [f"{key}={value}"]
+    if sub == "context_parallel_size":
+        target = f"{role}.ulysses_sequence_parallel_size"
+        _note(key, f"{key} (context parallelism) is read as {target} (Ulysses sequence parallelism)")
+        return [f"{target}={value}"]
+    if sub in ("param_offload", "optimizer_offload", "grad_offload"):
+        target = f"{role}.fsdp_config.{sub}"
+        _note(key, f"{key} is read as {target}")
+        return [f"{target}={value}"]
+    if sub == "dtype":
+        target = f"{role}.fsdp_config.mixed_precision.param_dtype"
+        _note(key, f"{key} (Megatron's compute dtype) is read as {target}")
+        return [f"{target}={value}"]
+    if sub in _INERT_BOOLS:
+        parse_bool(key, value)
+        _note(key, f"config key {key}={value} changes nothing: {_INERT_BOOLS[sub]}")
+        return []
+    if sub.startswith("override_transformer_config."):
+        return _transformer_key(role, sub.removeprefix("override_transformer_config."), value)
+    raise ValueError(
+        f"{key}: not one of the Megatron keys rlflow reads onto FSDP2 ({sorted(_ROLE_KEYS)}); drop it "
+        "(docs/migrating_from_verl.md, verl's Megatron scripts)"
+    )
+
+
+def _transformer_key(role: str, sub: str, value: str) -> list[str]:
+    """rlflow's overrides for ``<role>.megatron.override_transformer_config.<sub>=value``."""
+    key = f"{role}.megatron.override_transformer_config.{sub}"
+    if sub in KERNEL_SWITCHES:
+        _note(key, f"config key {key}={value} changes nothing: {KERNEL_SWITCHES[sub]}")
+        return []
+    if sub in _ZERO_ONLY:
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"{key}={value}: expected a number") from None
+        if number != 0.0:
+            raise ValueError(
+                f"{key}={value}: {_ZERO_ONLY[sub]} is not part of rlflow's loss (the Hugging Face MoE forward, "
+                "as in verl's FSDP backend, trains without it): set 0 or drop the key"
+            )
+        return []
+    if sub == "recompute_granularity":
+        if value.lower() in _NULL:
+            return []
+        if value not in ("full", "selective"):
+            raise ValueError(f"{key}={value!r} must be full, selective or null")
+        if role not in _GC_KEY:
+            _note(key, f"config key {key}={value} changes nothing: the reference has no backward")
+            return []
+        _note(
+            key,
+            f"{key}={value} is read as {_GC_KEY[role]}=true (rlflow recomputes every decoder layer in the "
+            "backward; selective recompute of parts of a layer is not separate)",
+        )
+        return [f"{_GC_KEY[role]}=true"]
+    if sub in _RECOMPUTE:
+        if sub == "recompute_method" and value.lower() not in (*_NULL, "uniform", "block"):
+            raise ValueError(f"{key}={value!r} must be uniform, block or null")
+        if sub == "recompute_num_layers" and value.lower() not in _NULL and not value.isdigit():
+            raise ValueError(f"{key}={value!r} must be a number of layers or null")
+        _note(key, f"config key {key}={value} changes nothing: rlflow recomputes every decoder layer")
+        return []
+    raise ValueError(
+        f"{key}: a Megatron transformer option rlflow has no meaning for; drop it (the ones rlflow reads: "
+        f"{sorted([*KERNEL_SWITCHES, *_ZERO_ONLY, *_RECOMPUTE])})"
+    )
+
+
+def _optimizer_key(sub: str, value: str) -> list[str]:
+    """rlflow's overrides for Megatron's ``actor.optim.override_optimizer_config.<sub>=value``."""
+    key = f"{_OPTIM}.{sub}"
+    target = f"{ACTOR}.fsdp_config.optimizer_offload"
+    if sub == "optimizer_cpu_offload":
+        if not parse_bool(key, value):
+            return []
+        _note(key, f"{key}=true is read as {target}=true")
+        return [f"{target}=true"]
+    if sub == "optimizer_offload_fraction":
+        if value.lower() in _NULL:
+            return []
+        try:
+            fraction = float(value)
+        except ValueError:
+            raise ValueError(f"{key}={value}: expected a number in (0, 1]") from None
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"{key}={value}: expected a number in (0, 1]")
+        if fraction < 1.0:
+            _note(
+                key,
+                f"{key}={value}: with optimizer offload rlflow keeps the whole optimizer state in host memory",
+            )
+        return []
+    if sub in _OPTIMIZER_INERT:
+        parse_bool(key, value)
+        _note(key, f"config key {key}={value} changes nothing: {_OPTIMIZER_INERT[sub]}")
+        return []
+    raise ValueError(
+        f"{key}: a Megatron optimizer option rlflow has no meaning for; drop it (the ones rlflow reads: "
+        f"{sorted(['optimizer_cpu_offload', 'optimizer_offload_fraction', *_OPTIMIZER_INERT])})"
+    )
+
+
+def _engine(value: str) -> None:
+    if value not in ("dp", "fsdp", "megatron"):
+        raise ValueError(f"model_engine={value!r} must be dp, fsdp or megatron (verl's engine choices)")
+    _note("model_engine", f"config key model_engine={value} changes nothing: rlflow's engine is FSDP")
+
+
+def _check_checkpointing(overrides: list[str], recompute: set[str]) -> None:
+    """A Megatron recompute setting that turned gradient checkpointing on must not meet an explicit off."""
+    for gc_key in recompute:
+        values = {
+            unquote(rest.removeprefix("=")).lower()
+            for _, key, rest in map(split_override, overrides)
+            if key == gc_key and rest
+        }
+        if "true" in values and values & {"false", "0", "no"}:
+            raise ValueError(
+                f"{gc_key}: Megatron's recompute_granularity turns gradient checkpointing on, but the command "
+                f"line also sets {gc_key}=false; drop one of them"
+            )
+
+
+_noted: set[str] = set()
+
+
+def _note(key: str, message: str) -> None:
+    if key not in _noted:
+        _noted.add(key)
+        logger.info("%s", message)

@@ -1,0 +1,238 @@
+"""verl's Megatron scripts read onto rlflow's FSDP2 keys (`rlflow.config.megatron_layout`) and their layout
+checked as Megatron checks it (`rlflow.config.megatron_checks`).
+
+The keys are those verl's Megatron example scripts pass (``examples/*_trainer/*megatron*.sh``); the 2-step
+runs of such scripts are in ``tests/trainer/test_verl_ports.py``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from rlflow.config import load_config
+from rlflow.config.aliases import rewrite_overrides
+from rlflow.trainer.main_ppo import megatron_summaries, prepare_config
+
+A, REF, C = "actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic"
+M = f"{A}.megatron"
+T = f"{M}.override_transformer_config"
+
+
+def test_megatron_overrides_become_fsdp2_overrides():
+    got = rewrite_overrides(
+        [
+            f"{A}.strategy=megatron",
+            f"{M}.tensor_model_parallel_size=2",
+            f"{M}.pipeline_model_parallel_size=1",
+            f"{M}.context_parallel_size=2",
+            f"{M}.param_offload=True",
+            f"{M}.grad_offload=True",
+            f"{M}.optimizer_offload=False",
+            f"{M}.dtype=bfloat16",
+            f"{M}.use_mbridge=True",
+            f"{M}.use_dist_checkpointing=True",
+            f"{M}.dist_checkpointing_path=/ckpt/qwen",
+            f"+{T}.recompute_granularity=full",
+            f"+{T}.recompute_method=uniform",
+            f"+{T}.recompute_num_layers=1",
+            f"+{T}.apply_rope_fusion=True",
+            f"+{T}.moe_router_dtype=fp32",
+            f"+{T}.moe_aux_loss_coeff=0.0",
+            f"+{A}.optim.override_optimizer_config.optimizer_cpu_offload=True",
+            f"+{A}.optim.override_optimizer_config.optimizer_offload_fraction=1.",
+            f"+{A}.optim.override_optimizer_config.use_precision_aware_optimizer=True",
+            f"{REF}.megatron.param_offload=True",
+            f"{REF}.megatron.context_parallel_size=2",
+            f"+{REF}.megatron.override_transformer_config.recompute_granularity=full",  # no backward
+            f"{C}.strategy=megatron",
+            f"{C}.megatron.pipeline_model_parallel_size=2",
+            f"+{C}.megatron.override_transformer_config.recompute_granularity=selective",
+            "reward_model.megatron.tensor_model_parallel_size=1",
+            "reward_model.megatron.param_offload=True",
+            "model_engine=megatron",
+            "data.train_batch_size=8",  # not Megatron's: untouched
+        ]
+    )
+    assert got == [
+        f"{A}.strategy=fsdp2",
+        f"{M}.tensor_model_parallel_size=2",
+        f"{M}.pipeline_model_parallel_size=1",
+        f"{A}.ulysses_sequence_parallel_size=2",
+        f"{A}.fsdp_config.param_offload=True",
+        f"{A}.fsdp_config.grad_offload=True",
+        f"{A}.fsdp_config.optimizer_offload=False",
+        f"{A}.fsdp_config.mixed_precision.param_dtype=bfloat16",
+        f"{M}.use_dist_checkpointing=True",
+        f"{M}.dist_checkpointing_path=/ckpt/qwen",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+        f"{REF}.fsdp_config.param_offload=True",
+        f"{REF}.ulysses_sequence_parallel_size=2",
+        f"{C}.strategy=fsdp2",
+        f"{C}.megatron.pipeline_model_parallel_size=2",
+        "critic.model.enable_gradient_checkpointing=true",
+        "reward_model.inference.tensor_model_parallel_size=1",
+        "reward_model.model.fsdp_config.param_offload=True",
+        "data.train_batch_size=8",
+        f"{A}.fsdp_config.optimizer_offload=true",  # Megatron's CPU optimizer: after the role's own switch
+    ]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (f"+{T}.moe_aux_loss_coeff=0.01", "the router's load-balancing loss is not part of rlflow's loss"),
+        (f"+{T}.moe_z_loss_coeff=1e-3", "the router's z-loss is not part of rlflow's loss"),
+        (f"+{T}.moe_router_bias_update_rate=0.001", "the aux-loss-free router bias update"),
+        (f"+{T}.recompute_granularity=partial", "must be full, selective or null"),
+        (f"+{T}.sequence_parallel=True", "a Megatron transformer option rlflow has no meaning for"),
+        (f"{M}.use_distributed_optimizer=True", "not one of the Megatron keys rlflow reads onto FSDP2"),
+        ("reward_model.megatron.pipeline_model_parallel_size=2", "one full copy per rank"),
+        (
+            f"+{A}.optim.override_optimizer_config.optimizer_offload_fraction=1.5",
+            "expected a number in (0, 1]",
+        ),
+        (f"+{A}.optim.override_optimizer_config.clip_grad=1.0", "a Megatron optimizer option"),
+        (f"{M}.use_mbridge=maybe", "expected true or false"),
+        ("model_engine=deepspeed", "must be dp, fsdp or megatron"),
+    ],
+)
+def test_megatron_keys_without_a_meaning_here_are_refused_naming_them(override: str, message: str):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        rewrite_overrides([override])
+
+
+def test_recompute_cannot_meet_an_explicit_no_checkpointing():
+    with pytest.raises(ValueError, match="recompute_granularity turns gradient checkpointing on"):
+        rewrite_overrides(
+            [
+                "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+                f"+{T}.recompute_granularity=full",
+            ]
+        )
+
+
+def _prepared(overrides: list[str]):
+    cfg = load_config(["trainer.n_gpus_per_node=2", *overrides], config_name="ppo_megatron_trainer")
+    return prepare_config(cfg, build_warm_start=False)
+
+
+def test_a_megatron_script_composes_as_fsdp2_with_its_layout():
+    cfg = _prepared(
+        [
+            "trainer.n_gpus_per_node=4",  # PP 2 x CP 2
+            "ray_init.num_cpus=4",
+            f"{A}.strategy=megatron",
+            f"{M}.pipeline_model_parallel_size=2",
+            f"{M}.virtual_pipeline_model_parallel_size=2",
+            f"{M}.context_parallel_size=2",
+            f"{M}.param_offload=True",
+            f"{M}.grad_offload=True",
+            f"{M}.use_dist_checkpointing=True",
+            f"{M}.dist_checkpointing_path=/ckpt/qwen",
+            f"+{T}.recompute_granularity=full",
+            f"{A}.use_kl_loss=True",
+        ]
+    )
+    actor = cfg.actor_rollout_ref.actor
+    assert actor.strategy == "fsdp2" and cfg.actor_rollout_ref.ref.strategy == "fsdp2"
+    assert actor.ulysses_sequence_parallel_size == 2
+    assert (actor.fsdp_config.param_offload, actor.fsdp_config.grad_offload) == (True, True)
+    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is True
+    assert (
+        actor.megatron.pipeline_model_parallel_size,
+        actor.megatron.virtual_pipeline_model_parallel_size,
+    ) == (2, 2)
+    from rlflow.config import to_typed
+
+    (line,) = megatron_summaries(to_typed(cfg))  # the reference keeps the default layout
+    assert line.startswith(
+        f"{M}: verl's Megatron layout TP 1 x PP 2 (virtual 2), EP 1 (ETP None) runs as FSDP2"
+    )
+    assert "Ulysses sequence parallelism 2" in line and "converts into /ckpt/qwen" in line
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            [f"{M}.tensor_model_parallel_size=2", f"{M}.context_parallel_size=2"],
+            f"{M}.tensor_model_parallel_size=2 x {M}.pipeline_model_parallel_size=1 x context (Ulysses) size 2 "
+            "= 4 must divide the 2 ranks",
+        ),
+        (
+            [f"{M}.pipeline_model_parallel_size=2", f"{M}.expert_model_parallel_size=2"],
+            f"{M}.pipeline_model_parallel_size=2 x {M}.expert_model_parallel_size=2 x "
+            f"{M}.expert_tensor_parallel_size=1 = 4 must divide",
+        ),
+        (
+            [f"{C}.megatron.tensor_model_parallel_size=3", "algorithm.adv_estimator=gae"],
+            f"{C}.megatron.tensor_model_parallel_size=3",
+        ),
+        ([f"{M}.virtual_pipeline_model_parallel_size=2"], "needs actor_rollout_ref.actor.megatron.pipeline"),
+        (
+            [f"{M}.use_dist_checkpointing=True"],
+            f"{M}.use_dist_checkpointing=true needs {M}.dist_checkpointing_path",
+        ),
+        (
+            [f"{M}.grad_offload=True"],
+            f"{A}.fsdp_config.grad_offload=true without {A}.fsdp_config.param_offload",
+        ),
+    ],
+)
+def test_a_layout_megatron_would_refuse_is_refused(overrides: list[str], message: str):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _prepared(overrides)
+
+
+def test_strategy_megatron_in_a_config_file_says_what_to_write(tmp_path):
+    path = tmp_path / "critic.yaml"
+    path.write_text("strategy: megatron\n")
+    cfg = load_config(
+        ["algorithm.adv_estimator=gae", f"critic.config_path={path}"], config_name="demo_two_ranks"
+    )
+    with pytest.raises(ValueError, match=re.escape("critic.strategy=megatron: rlflow trains on FSDP")):
+        prepare_config(cfg, build_warm_start=False)
+
+
+def test_a_boolean_given_no_value_is_false_as_verl_reads_it():
+    """``data.return_raw_chat=$return_raw_chat`` with the variable unset (verl's run_qwen2-7b_math_megatron)."""
+    cfg = load_config(["data.return_raw_chat=true", "data.return_raw_chat="], config_name="demo_two_ranks")
+    assert cfg.data.return_raw_chat is False
+
+
+def test_data_trust_remote_code_needs_the_models_and_megatron_lora_keys_are_aliases():
+    with pytest.raises(
+        ValueError, match=re.escape("data.trust_remote_code=true: every worker loads the tokenizer")
+    ):
+        _prepared(["data.trust_remote_code=True"])
+    cfg = _prepared(
+        [
+            "data.trust_remote_code=True",
+            "actor_rollout_ref.model.trust_remote_code=True",
+            "actor_rollout_ref.model.lora.rank=16",
+            "actor_rollout_ref.model.lora.alpha=32",
+        ]
+    )
+    assert cfg.data.trust_remote_code is True
+    assert (cfg.actor_rollout_ref.model.lora_rank, cfg.actor_rollout_ref.model.lora_alpha) == (16, 32)
+
+
+def test_other_spellings_of_verls_megatron_scripts():
+    cfg = load_config(
+        [
+            "reward_model.param_offload=True",  # older verl
+            "actor_rollout_ref.actor.optim.lr_decay_style=cosine",  # verl's Megatron optimizer
+            "critic.optim.lr_decay_style=constant",
+            "data.filter_overlong_prompts_workers=8",  # one batched tokenizer call here: dropped, logged
+        ],
+        config_name="ppo_megatron_trainer",
+    )
+    assert cfg.reward_model.model.fsdp_config.param_offload is True
+    assert cfg.actor_rollout_ref.actor.optim.lr_scheduler_type == "cosine"
+    assert cfg.critic.optim.lr_scheduler_type == "constant"
+    with pytest.raises(
+        ValueError, match=re.escape("data.filter_overlong_prompts_workers='many' must be a whole")
+    ):
+        load_config(["data.filter_overlong_prompts_workers=many"])
