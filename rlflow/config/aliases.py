@@ -18,6 +18,12 @@ verl                                        rlflow
 _bucket_megabytes`` (newer verl)            (both under ``actor_rollout_ref``)
 ``actor_rollout_ref.actor.use_gpg_loss``    ``true``: ``actor.policy_loss.loss_mode=gpg``;
                                             ``false``: dropped (the loss mode stays)
+``actor_rollout_ref.model.use_liger``       ``true``: ``model.use_fused_kernels=true`` (Liger's
+                                            Triton kernels are GPU-only; what rlflow has of
+                                            them is the fused, chunked LM head and its loss);
+                                            ``false``: dropped
+``rollout.max_batch_size`` (TensorRT-LLM's   ``rollout.max_num_seqs`` (the engine's limit on
+batch limit)                                sequences per step)
 ``actor.kl_loss.type`` (early 2025 verl)    ``actor.kl_loss_type``
 ``actor.kl_loss.coef=c`` (same)             ``actor.kl_loss_coef=c`` and ``use_kl_loss=(c > 0)``
 ``algorithm.in_reward_kl.type`` (same)      ``algorithm.kl_penalty``
@@ -96,6 +102,7 @@ KEY_ALIASES: dict[str, str] = {
     "data.enable_thinking": "data.apply_chat_template_kwargs.enable_thinking",
     "actor_rollout_ref.ref.param_offload": "actor_rollout_ref.ref.fsdp_config.param_offload",
     "reward_model.param_offload": "reward_model.model.fsdp_config.param_offload",
+    "actor_rollout_ref.rollout.max_batch_size": "actor_rollout_ref.rollout.max_num_seqs",
     "actor_rollout_ref.actor.optim.lr_decay_style": "actor_rollout_ref.actor.optim.lr_scheduler_type",
     "critic.optim.lr_decay_style": "critic.optim.lr_scheduler_type",
     "actor_rollout_ref.model.lora.rank": "actor_rollout_ref.model.lora_rank",
@@ -106,6 +113,7 @@ KEY_ALIASES: dict[str, str] = {
 
 FLAG_ALIASES: dict[str, str] = {
     "actor_rollout_ref.actor.use_gpg_loss": "actor_rollout_ref.actor.policy_loss.loss_mode=gpg",
+    "actor_rollout_ref.model.use_liger": "actor_rollout_ref.model.use_fused_kernels=true",
 }
 """verl boolean key -> the rlflow override it stands for when true (dropped when false)."""
 
@@ -269,13 +277,23 @@ def _flag(key: str, value: str, done: list[str], overrides: Iterable[str]) -> li
         _note(f"{key}={value}", "no override")
         return []
     target = FLAG_ALIASES[key]
-    target_key = target.partition("=")[0]
+    target_key, _, target_value = target.partition("=")
     for other in [*done, *overrides]:
         _, other_key, other_value = split_override(other)
-        if other_key == target_key and other_value.removeprefix("=") != target.partition("=")[2]:
+        if other_key == target_key and not _same_value(other_key, other_value.removeprefix("="), target_value):
             raise ValueError(f"{key}={value} means {target}, but the command line also sets {other}")
     _note(f"{key}={value}", target)
     return [target]
+
+
+def _same_value(key: str, value: str, target: str) -> bool:
+    """Whether an override's ``value`` is the alias's ``target`` value (booleans in any spelling)."""
+    if target in ("true", "false"):
+        try:
+            return parse_bool(key, value) == (target == "true")
+        except ValueError:
+            return False
+    return unquote(value) == target
 
 
 def _coef(key: str, value: str) -> list[str]:

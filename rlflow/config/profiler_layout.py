@@ -25,6 +25,12 @@ profiler.tool``)                                    with steps set, and ``nsys``
 ``global_profiler.global_tool_config.*``            trace's own defaults): accepted, they change nothing
 ``<role>.profiler.tool_config.torch.step_start=0``  the whole step (other values refused)
 / ``step_end=null``
+``<role>.profiler.ranks`` / ``all_ranks`` in verl's  chose the ranks profiled on ``trainer.profile_steps``
+earlier layout (no ``global_profiler``, no          (that layout had no ``enable`` switch)
+``enable``)
+``trainer.npu_profile.options.save_path`` (and the  ``trainer.profile_dir``; the NPU tool's other options
+NPU recipes' ``profile.options.*``)                 (``level``, ``with_*``, ``record_shapes``, ``analysis``)
+                                                    are accepted and change nothing
 ==================================================  =====================================================
 
 ``<role>`` is ``actor_rollout_ref.actor`` / ``.rollout`` / ``.ref`` or ``critic``; the reward model is
@@ -68,15 +74,34 @@ _ROLE_KEYS = (
     "tool_config.torch.step_start",
     "tool_config.torch.step_end",
 )
+_NPU = "npu_options"
+_NPU_SECTIONS = ("trainer.npu_profile.options", "profile.options")
+_NPU_OPTIONS = (
+    "level",
+    "with_memory",
+    "record_shapes",
+    "with_npu",
+    "with_cpu",
+    "with_module",
+    "with_stack",
+    "analysis",
+    "roles",
+)
+"""Options of verl's earlier Ascend NPU profiler section (``trainer.npu_profile.options.*``, and the
+``profile.options.*`` of its NPU recipes): ``save_path`` is the trace folder; these configure the NPU tool."""
 _GLOBAL_INERT = ("global_tool_config.",)
 _ROLE_INERT = ("tool_config.nsys.", "tool_config.npu.", "tool_config.torch_memory.")
 """Sub-keys that configure tools rlflow does not have: accepted, and they change nothing."""
 
 
 def _section(key: str) -> tuple[str, str] | None:
-    """``(owner, sub-key)`` of a verl profiler key (owner: ``global_profiler`` or a role), else None."""
+    """``(owner, sub-key)`` of a verl profiler key (owner: ``global_profiler``, a role, or the NPU profiler's
+    options section), else None."""
     if key.startswith(_GLOBAL + "."):
         return _GLOBAL, key[len(_GLOBAL) + 1 :]
+    for section in _NPU_SECTIONS:
+        if key.startswith(section + "."):
+            return _NPU, key[len(section) + 1 :]
     for role in PROFILER_ROLES:
         if key.startswith(role + ".profiler."):
             return role, key[len(role) + len(".profiler.") :]
@@ -85,7 +110,7 @@ def _section(key: str) -> tuple[str, str] | None:
 
 def is_profiler_layout_key(key: str) -> bool:
     """Whether ``key`` is in verl's later profiler layout (read by :func:`rewrite_profiler_overrides`)."""
-    return _section(key) is not None
+    return _section(key) is not None or key in _NPU_SECTIONS
 
 
 def rewrite_profiler_overrides(overrides: Iterable[str]) -> list[str]:
@@ -127,6 +152,15 @@ def _translate(found: dict[str, dict[str, tuple[str, str]]]) -> list[str]:
     save_paths = set()
     for owner, entries in found.items():
         for sub, (key, value) in entries.items():
+            if owner == _NPU:
+                if sub == "save_path":
+                    save_paths.add(unquote(value))
+                elif sub not in _NPU_OPTIONS:
+                    raise ValueError(
+                        f"{key}: not an option of verl's NPU profiler section that rlflow reads (save_path, "
+                        f"{', '.join(_NPU_OPTIONS)})"
+                    )
+                continue
             known, inert = (_GLOBAL_KEYS, _GLOBAL_INERT) if owner == _GLOBAL else (_ROLE_KEYS, _ROLE_INERT)
             if sub.startswith(inert):
                 continue
@@ -167,12 +201,13 @@ def _translate(found: dict[str, dict[str, tuple[str, str]]]) -> list[str]:
         )
     if save_paths:
         new.append(f"trainer.profile_dir={save_paths.pop()}")
-    roles = {owner: entries for owner, entries in found.items() if owner != _GLOBAL}
+    roles = {owner: entries for owner, entries in found.items() if owner not in (_GLOBAL, _NPU)}
+    earlier = _GLOBAL not in found  # verl's earlier layout: trainer.profile_steps, no enable switch
     actor = roles.get("actor_rollout_ref.actor")
     if actor is not None:  # verl's rollout profiler follows the actor's, key by key, unless set itself
         roles["actor_rollout_ref.rollout"] = {**actor, **roles.get("actor_rollout_ref.rollout", {})}
     for role, entries in roles.items():
-        new.extend(_role_overrides(role, entries))
+        new.extend(_role_overrides(role, entries, earlier))
     return new
 
 
@@ -193,8 +228,11 @@ def _check_tool(entries: dict[str, tuple[str, str]]) -> str | None:
     return tool
 
 
-def _role_overrides(role: str, entries: dict[str, tuple[str, str]]) -> list[str]:
-    enable_key, enable_value = entries.get("enable", (f"{role}.profiler.enable", "false"))
+def _role_overrides(role: str, entries: dict[str, tuple[str, str]], earlier: bool) -> list[str]:
+    """The role's profile keys; in verl's earlier layout (``trainer.profile_steps``, no ``global_profiler``)
+    a role had no ``enable`` switch: its ``ranks`` / ``all_ranks`` chose the ranks profiled."""
+    default = "true" if earlier and ("ranks" in entries or "all_ranks" in entries) else "false"
+    enable_key, enable_value = entries.get("enable", (f"{role}.profiler.enable", default))
     if not parse_bool(enable_key, enable_value):
         return []
     if role == "reward_model":

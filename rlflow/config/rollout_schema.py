@@ -56,10 +56,12 @@ class EngineKwargsSection:
             With ``name=hf`` nothing reads them (a warning says so).
         sglang: verl's SGLang options; rlflow has no SGLang engine (``name=sglang`` is refused), so they
             are accepted for ported scripts and ignored, with a warning.
+        trtllm: verl's TensorRT-LLM options: as ``sglang`` (no such engine here; accepted, warned).
     """
 
     vllm: dict[str, Any] = field(default_factory=dict)
     sglang: dict[str, Any] = field(default_factory=dict)
+    trtllm: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -2,18 +2,13 @@
 
 An unknown key gets "did you mean"; a key that verl has and rlflow deliberately lacks gets this advice
 instead, so a ported script fails with the reason and the replacement. Matching is by the key or any
-section above it (``actor_rollout_ref.rollout.engine_kwargs.trtllm`` covers ``...engine_kwargs.trtllm.x``).
+section above it (``trainer.npu_profile`` covers ``trainer.npu_profile.options.level``).
 """
 
 from __future__ import annotations
 
 __all__ = ["MEGATRON_ADVICE", "VERL_UNSUPPORTED", "unsupported_advice"]
 
-_TRTLLM = (
-    "a TensorRT-LLM engine option: rlflow's rollout engines are hf and vllm "
-    "(actor_rollout_ref.rollout.name); vLLM's batch limits are rollout.max_num_seqs and "
-    "rollout.max_num_batched_tokens. Drop the key"
-)
 _QUANTIZED = (
     "a quantized rollout engine (vLLM with fp8 / torchao weights) is not supported: drop the key; the rollout "
     "computes in actor_rollout_ref.rollout.dtype (null = the actor's precision)"
@@ -28,14 +23,8 @@ _CRITIC_LORA = (
 )
 
 VERL_UNSUPPORTED: dict[str, str] = {
-    "actor_rollout_ref.model.use_liger": (
-        "Liger kernels (Triton GPU kernels) are not part of rlflow: drop the key; "
-        "actor_rollout_ref.model.use_fused_kernels=true bounds the LM head's memory (a chunked PyTorch head)"
-    ),
     "actor_rollout_ref.rollout.quantization": _QUANTIZED,
     "actor_rollout_ref.rollout.quantization_config_file": _QUANTIZED,
-    "actor_rollout_ref.rollout.max_batch_size": _TRTLLM,
-    "actor_rollout_ref.rollout.engine_kwargs.trtllm": _TRTLLM,
     "reward_model.sandbox_fusion_url": (
         "verl's SandboxFusion code-execution service (with reward_manager=prime): rlflow has no sandbox client; "
         "score code with a custom_reward_function (custom_reward_function.path / name) that calls your sandbox"
@@ -45,14 +34,6 @@ VERL_UNSUPPORTED: dict[str, str] = {
         "records traces of chosen steps; drop it"
     ),
     **{f"critic.model.{key}": _CRITIC_LORA for key in ("lora_rank", "lora_alpha", "target_modules")},
-    "trainer.npu_profile": (
-        "verl's Ascend NPU profiler (trainer.npu_profile.*): rlflow records torch.profiler traces with "
-        "trainer.profile_steps and each role's profile_ranks (or verl's global_profiler.* layout); drop it"
-    ),
-    "profile": (
-        "verl's Ascend NPU profiler section (profile.options.*): rlflow records torch.profiler traces with "
-        "trainer.profile_steps and each role's profile_ranks (or verl's global_profiler.* layout); drop it"
-    ),
     "data.custom_cls": (
         "a dataset class of your own (verl's multimodal recipes): rlflow's RLHFDataset reads parquet / jsonl "
         "chat prompts (data.prompt_key) and is not replaceable; convert the data to that layout"

@@ -222,16 +222,18 @@ def build_rollout_output(
 
 def warn_unread_engine_kwargs(config: Any, engine: str) -> None:
     """Warn about the ``rollout.engine_kwargs`` sections the ``engine`` (``"hf"``, ``"vllm"``) does not read:
-    every section but its own (rlflow has no SGLang engine, so ``sglang`` is never read)."""
+    every section but its own (rlflow has no SGLang or TensorRT-LLM engine: ``sglang`` and ``trtllm`` are
+    never read)."""
     sections = config.engine_kwargs
-    for name in ("vllm", "sglang"):
+    names = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+    for name, label in names.items():
         options = dict(getattr(sections, name))
         if options and name != engine:
             logger.warning(
                 "actor_rollout_ref.rollout.engine_kwargs.%s.{%s}: %s options, not read by the %s engine",
                 name,
                 ",".join(sorted(options)),
-                "vLLM" if name == "vllm" else "SGLang",
+                label,
                 engine,
             )
 

@@ -232,6 +232,16 @@ def test_other_spellings_of_verls_megatron_scripts():
     assert cfg.reward_model.model.fsdp_config.param_offload is True
     assert cfg.actor_rollout_ref.actor.optim.lr_scheduler_type == "cosine"
     assert cfg.critic.optim.lr_scheduler_type == "constant"
+    cfg = load_config(
+        [
+            "actor_rollout_ref.model.use_liger=True",  # Liger's Triton kernels: the fused LM head here
+            "actor_rollout_ref.rollout.max_batch_size=256",  # TensorRT-LLM's batch limit
+            "+actor_rollout_ref.rollout.engine_kwargs.trtllm.batch_wait_timeout_iters=32",  # warned by the engine
+        ]
+    )
+    assert cfg.actor_rollout_ref.model.use_fused_kernels is True
+    assert cfg.actor_rollout_ref.rollout.max_num_seqs == 256
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs.trtllm == {"batch_wait_timeout_iters": 32}
     with pytest.raises(
         ValueError, match=re.escape("data.filter_overlong_prompts_workers='many' must be a whole")
     ):

@@ -80,6 +80,29 @@ def test_the_rollouts_own_keys_override_the_actors_one_by_one():
     assert got["dir"] is None  # <log_dir>/profile
 
 
+def test_verls_earlier_layout_chooses_ranks_without_an_enable_switch(tmp_path):
+    """verl's NPU scripts (``run_qwen2_5_7b_grpo_e2e_prof_npu.sh``, ``..._discrete_prof_npu.sh``): steps in
+    ``trainer.profile_steps``, ranks per role, the NPU tool's options; on rlflow, torch.profiler traces."""
+    got = _profile_keys(
+        [
+            f"{A}.profiler.all_ranks=True",
+            f"{A}.profiler.discrete=False",
+            f"{REF}.profiler.ranks=[0]",
+            f"{REF}.profiler.discrete=True",
+            f"trainer.npu_profile.options.save_path={tmp_path / 'prof'}",
+            "trainer.npu_profile.options.level=level1",
+            "trainer.npu_profile.options.with_memory=False",
+            "trainer.npu_profile.options.analysis=True",
+            "profile.options.with_stack=False",
+            "trainer.profile_steps=[2,4]",
+        ]
+    )
+    assert got["steps"] == [2, 4] and got["dir"] == str(tmp_path / "prof")
+    assert got["actor"] == (None, True) and got["rollout"] == (None, True)  # the rollout follows the actor
+    assert (got["ref"], got["ref_discrete"]) == (([0], False), True)
+    assert got["critic"] == (None, False)
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
