@@ -131,7 +131,8 @@ CLASS_NOTES: dict[str, dict[str, str]] = {
         "enable": "score with a sequence-classification reward model (RewardModelWorker); its scores are "
         "passed to the reward function as rm_scores",
         "micro_batch_size_per_gpu": "responses per reward-model forward on one rank",
-        "reward_manager": "only naive (rlflow/reward/naive.py); validation refuses other names",
+        "reward_manager": "or one registered with rlflow.reward.register_reward_manager; verl's batch and "
+        "generative are refused with what to use",
         "launch_reward_fn_async": "only false; validation refuses true (use num_workers for a process pool)",
         "timeout_score": "score of a sample whose scoring timed out (num_workers > 0 and timeout_s set)",
     },

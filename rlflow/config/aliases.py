@@ -38,6 +38,8 @@ scripts)                                    (the chat template's switch)
 ``actor_rollout_ref.ref.param_offload``      ``actor_rollout_ref.ref.fsdp_config.param_offload``
 (older verl)
 ``reward_model.param_offload`` (older verl)   ``reward_model.model.fsdp_config.param_offload``
+``reward_model.sandbox_fusion_url`` (older    ``reward_model.sandbox_fusion.url``
+verl)
 ``*.optim.lr_decay_style`` (verl's Megatron   ``*.optim.lr_scheduler_type`` (constant | cosine)
 optimizer; actor and critic)
 ``actor_rollout_ref.model.lora.{rank,alpha,   ``actor_rollout_ref.model.{lora_rank,lora_alpha,
@@ -102,6 +104,7 @@ KEY_ALIASES: dict[str, str] = {
     "data.enable_thinking": "data.apply_chat_template_kwargs.enable_thinking",
     "actor_rollout_ref.ref.param_offload": "actor_rollout_ref.ref.fsdp_config.param_offload",
     "reward_model.param_offload": "reward_model.model.fsdp_config.param_offload",
+    "reward_model.sandbox_fusion_url": "reward_model.sandbox_fusion.url",
     "actor_rollout_ref.rollout.max_batch_size": "actor_rollout_ref.rollout.max_num_seqs",
     "actor_rollout_ref.actor.optim.lr_decay_style": "actor_rollout_ref.actor.optim.lr_scheduler_type",
     "critic.optim.lr_decay_style": "critic.optim.lr_scheduler_type",
@@ -280,7 +283,9 @@ def _flag(key: str, value: str, done: list[str], overrides: Iterable[str]) -> li
     target_key, _, target_value = target.partition("=")
     for other in [*done, *overrides]:
         _, other_key, other_value = split_override(other)
-        if other_key == target_key and not _same_value(other_key, other_value.removeprefix("="), target_value):
+        if other_key == target_key and not _same_value(
+            other_key, other_value.removeprefix("="), target_value
+        ):
             raise ValueError(f"{key}={value} means {target}, but the command line also sets {other}")
     _note(f"{key}={value}", target)
     return [target]

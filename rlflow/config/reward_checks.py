@@ -32,10 +32,10 @@ def check_reward_model(cfg: DictConfig) -> None:
     kwargs = reward_kwargs(cfg)
     if manager == "dapo":
         OverlongBuffer.from_reward_kwargs(kwargs, int(value_at(cfg, "data.max_response_length")))
-    elif manager == "naive":
+    elif manager in ("naive", "prime"):
         if kwargs:
             raise ValueError(
-                f"reward_model.reward_kwargs={kwargs}: the naive reward manager takes no keyword arguments "
+                f"reward_model.reward_kwargs={kwargs}: the {manager} reward manager takes no keyword arguments "
                 "(keyword arguments of the score function go to custom_reward_function.reward_kwargs; the "
                 "overlong buffer needs reward_model.reward_manager=dapo)"
             )
@@ -57,6 +57,24 @@ def check_reward_model(cfg: DictConfig) -> None:
     at_least(cfg, "reward_model.num_workers", 0)
     positive(cfg, "reward_model.timeout_s", allow_none=True)
     number(cfg, "reward_model.timeout_score")
+    _check_sandbox(cfg)
+
+
+def _check_sandbox(cfg: DictConfig) -> None:
+    """``reward_model.sandbox_fusion``: an http(s) URL for the default scorer, positive limits."""
+    key = "reward_model.sandbox_fusion"
+    at_least(cfg, f"{key}.max_concurrent", 1)
+    at_least(cfg, f"{key}.memory_limit_mb", 1)
+    url = value_at(cfg, f"{key}.url")
+    if url is None:
+        return
+    if not str(url).startswith(("http://", "https://")):
+        raise ValueError(f"{key}.url={url!r} must be an http:// or https:// URL (the run_code endpoint)")
+    if value_at(cfg, "custom_reward_function.path"):
+        raise ValueError(
+            f"{key}.url with custom_reward_function.path: the sandbox runs the default scorer's code tasks; a "
+            "custom score function calls its sandbox itself (rlflow.reward.sandbox_fusion.score_code); drop one"
+        )
     _check_inference(cfg)
     if not flag(cfg, "reward_model.enable"):
         return

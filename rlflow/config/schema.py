@@ -447,11 +447,31 @@ class RewardModelInferenceConfig:
 
 
 @dataclass
+class SandboxFusionSection:
+    """``reward_model.sandbox_fusion``: a SandboxFusion service that runs the code answers of code tasks
+    (data sources ``codecontests``, ``apps``, ``codeforces``, ``taco``) for the default scorer
+    (`rlflow.reward.sandbox_fusion`).
+
+    Attributes:
+        url: the service's ``run_code`` endpoint (``http://host:8080/run_code``); null = none, and code
+            tasks cannot be scored by the default scorer.
+        max_concurrent: requests one scoring process keeps in flight.
+        memory_limit_mb: memory limit of one run.
+    """
+
+    url: str | None = None
+    max_concurrent: int = 64
+    memory_limit_mb: int = 1024
+
+
+@dataclass
 class RewardModelConfig:
     """``reward_model``: an optional model-based reward and the reward manager settings.
 
     Attributes:
-        reward_manager: naive (score function per sample) | dapo (plus DAPO's overlong penalty).
+        reward_manager: naive (score function per sample) | dapo (plus DAPO's overlong penalty) | prime
+            (verl's: naive scoring in a process pool, by default ``min(64, CPUs)`` processes and a 300 s
+            per-sample timeout).
         reward_kwargs: keyword arguments of the reward manager (verl's spelling): dapo takes
             ``overlong_buffer_cfg.{enable,len,penalty_factor,log}`` and ``max_resp_len``
             (`rlflow.reward.dapo`); naive takes none.
@@ -476,6 +496,7 @@ class RewardModelConfig:
     forward_max_token_len_per_gpu: int = 32768
     reward_manager: str = "naive"
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    sandbox_fusion: SandboxFusionSection = field(default_factory=SandboxFusionSection)
     launch_reward_fn_async: bool = False
     num_workers: int = 0
     timeout_s: float | None = None

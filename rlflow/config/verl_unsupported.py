@@ -25,10 +25,6 @@ _CRITIC_LORA = (
 VERL_UNSUPPORTED: dict[str, str] = {
     "actor_rollout_ref.rollout.quantization": _QUANTIZED,
     "actor_rollout_ref.rollout.quantization_config_file": _QUANTIZED,
-    "reward_model.sandbox_fusion_url": (
-        "verl's SandboxFusion code-execution service (with reward_manager=prime): rlflow has no sandbox client; "
-        "score code with a custom_reward_function (custom_reward_function.path / name) that calls your sandbox"
-    ),
     "trainer.bench_steps": (
         "rlflow has no such key: every step logs its phase times (timing_s/*), and trainer.profile_steps "
         "records traces of chosen steps; drop it"

@@ -1,5 +1,5 @@
-"""Rewards: rule scorers (GSM8K, synthetic tasks), the naive and DAPO reward managers, custom and model
-rewards.
+"""Rewards: rule scorers (GSM8K, synthetic tasks, code tasks in a SandboxFusion service), the naive, DAPO
+and prime reward managers, custom and model rewards.
 
 Names are imported lazily, so a scoring process that only needs a score function does not import torch.
 """
@@ -17,6 +17,7 @@ _EXPORTS = {
     "OverlongBuffer": "dapo",
     "default_compute_score": "default",
     "NaiveRewardManager": "naive",
+    "PrimeRewardManager": "prime",
     "check_score": "naive",
     "ScoringPool": "pool",
     "BUILTIN_REWARD_MANAGERS": "registry",

@@ -30,17 +30,13 @@ __all__ = [
 REWARD_MANAGER_REGISTRY: dict[str, type] = {}
 """name -> manager class; the built-in ``naive`` and ``dapo`` are added when first looked up."""
 
-_BUILTIN = {"naive": "rlflow.reward.naive", "dapo": "rlflow.reward.dapo"}
+_BUILTIN = {"naive": "rlflow.reward.naive", "dapo": "rlflow.reward.dapo", "prime": "rlflow.reward.prime"}
 BUILTIN_REWARD_MANAGERS = tuple(_BUILTIN)
-"""The managers rlflow ships (`rlflow.reward.NaiveRewardManager`, `rlflow.reward.DAPORewardManager`):
-the ones that score in the ``reward_model.num_workers`` process pool."""
+"""The managers rlflow ships (`rlflow.reward.NaiveRewardManager`, `rlflow.reward.DAPORewardManager`,
+`rlflow.reward.prime.PrimeRewardManager`): the ones that score in the ``reward_model.num_workers`` process
+pool."""
 _STANDARD_ARGUMENTS = ("tokenizer", "num_examine", "compute_score", "reward_fn_key")
 _VERL_MANAGERS = {
-    "prime": (
-        "verl's prime manager scores in a process pool with a per-sample timeout: rlflow's naive manager does "
-        "that with reward_model.num_workers=N reward_model.timeout_s=300 (reward_model.timeout_score: the "
-        "late sample's score)"
-    ),
     "batch": (
         "verl's batch manager hands the score function whole lists: rlflow's managers call it per sample; "
         "use reward_manager=naive (reward_model.num_workers=N scores in parallel)"

@@ -97,6 +97,21 @@ def build_data(config: PPOTrainerConfig, tokenizer: Any) -> tuple[Any, Any]:
     return train_loader, val_loader
 
 
+def _default_score(config: PPOTrainerConfig) -> Any:
+    """The default scorer, with the SandboxFusion service of ``reward_model.sandbox_fusion`` (None: the
+    manager's own default)."""
+    import functools
+
+    from rlflow.reward.default import default_compute_score
+    from rlflow.reward.sandbox_fusion import SandboxSettings
+
+    box = config.reward_model.sandbox_fusion
+    url, concurrent, memory = box.url, int(box.max_concurrent), int(box.memory_limit_mb)
+    if url is None:
+        return None
+    return functools.partial(default_compute_score, sandbox=SandboxSettings(str(url), concurrent, memory))
+
+
 def build_reward_fns(config: PPOTrainerConfig, tokenizer: Any) -> tuple[Any, Any]:
     """Reward managers for training and validation (``reward_model.reward_manager`` with its
     ``reward_kwargs``; the custom score function if configured). The built-in managers score in a process
@@ -118,7 +133,8 @@ def build_reward_fns(config: PPOTrainerConfig, tokenizer: Any) -> tuple[Any, Any
         bool(rm.use_reward_loop),
     )
     manager = get_reward_manager_cls(name)
-    common: dict[str, Any] = {"compute_score": custom, "reward_fn_key": str(config.data.reward_fn_key)}
+    score = custom if custom is not None else _default_score(config)
+    common: dict[str, Any] = {"compute_score": score, "reward_fn_key": str(config.data.reward_fn_key)}
     if name not in BUILTIN_REWARD_MANAGERS:
         kwargs = {**common, **dict(rm.reward_kwargs)}
         return (
@@ -129,11 +145,16 @@ def build_reward_fns(config: PPOTrainerConfig, tokenizer: Any) -> tuple[Any, Any
         common["overlong"] = OverlongBuffer.from_reward_kwargs(
             dict(rm.reward_kwargs), int(config.data.max_response_length)
         )
+    workers, timeout = int(rm.num_workers), rm.timeout_s
+    if name == "prime":  # verl's pool: its defaults where the config leaves the pool unset
+        from rlflow.reward.prime import PRIME_TIMEOUT_S, prime_workers
+
+        workers, timeout = workers or prime_workers(), PRIME_TIMEOUT_S if timeout is None else timeout
     train = manager(
         tokenizer,
         num_examine=0,
-        num_workers=int(rm.num_workers),
-        timeout_s=rm.timeout_s,
+        num_workers=workers,
+        timeout_s=timeout,
         timeout_score=float(rm.timeout_score),
         **common,
     )

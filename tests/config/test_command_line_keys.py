@@ -38,8 +38,8 @@ def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, me
     [
         ("actor_rollout_ref.rollout.quantization=torchao", "a quantized rollout engine"),
         (
-            "reward_model.sandbox_fusion_url=https://x",
-            "reward_model.sandbox_fusion_url: verl's SandboxFusion",
+            "reward_model.sandbox_fusion_url=ftp://x",  # verl's older key of reward_model.sandbox_fusion.url
+            "reward_model.sandbox_fusion.url='ftp://x' must be an http:// or https:// URL",
         ),
         ("critic.model.lora_rank=32", "LoRA adapters are for the actor only"),
         (

@@ -22,7 +22,7 @@ from rlflow.trainer.main_ppo import build_tracker, build_trainer
 from tests.tiny_reward_model import save_tiny_reward_model
 
 REFUSED = {
-    "reward_model.reward_manager": "prime",
+    "reward_model.reward_manager": "batch",
     "reward_model.reward_kwargs.max_resp_len": 8,  # (appended with '+') the naive manager takes none
     "reward_model.launch_reward_fn_async": True,
     "actor_rollout_ref.rollout.mode": "server",

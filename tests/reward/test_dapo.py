@@ -84,7 +84,12 @@ def test_config_reaches_the_manager_with_verl_spelling():
         (_dapo("overlong_buffer_cfg.lenght=4"), "lenght"),
         (_dapo("max_len=4"), "max_len"),
         (["+reward_model.reward_kwargs.max_resp_len=8"], "naive reward manager takes no keyword"),
-        (["reward_model.reward_manager=prime"], "reward_model.reward_manager='prime': verl's prime manager"),
+        (["reward_model.reward_manager=batch"], "reward_model.reward_manager='batch': verl's batch manager"),
+        (
+            ["reward_model.reward_manager=prime", "+reward_model.reward_kwargs.x=1"],
+            "prime reward manager takes no",
+        ),
+        (["reward_model.sandbox_fusion.url=localhost:8080"], "must be an http:// or https:// URL"),
         (["reward_model.reward_manager=generative"], "rlflow has no judge client"),
         (["reward_model.reward_manager=nope"], "'nope': not a registered reward manager"),
     ],

@@ -311,3 +311,46 @@ PPO_QWEN2_7B_RM_SEQ_BALANCE_NSYS = [
     "critic.profile_discrete=True",
     "trainer.profile_steps=[1,2,5]",
 ]
+
+
+# examples/ppo_trainer/run_deepseek7b_llm_sandbox_fusion.sh: PPO whose code rewards run in a SandboxFusion
+# service (verl's prime manager); tests/reward/test_sandbox_fusion.py scores code rows through one.
+PPO_DEEPSEEK7B_SANDBOX_FUSION = [
+    "reward_model.sandbox_fusion_url=https://xxxxxxxxx.apigateway-cn-beijing.volceapi.com/run_code",
+    "reward_model.reward_manager=prime",
+    "algorithm.adv_estimator=gae",
+    "data.train_batch_size=8",  # env: 1024
+    "data.max_prompt_length=32",  # env: 512
+    "data.max_response_length=8",  # env: 512
+    "data.filter_overlong_prompts=True",
+    "data.truncation=error",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.model.use_remove_padding=True",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # env: 256
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",  # env: 16
+    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+    "actor_rollout_ref.actor.use_kl_loss=False",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",  # env: 32
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # env: 4
+    "actor_rollout_ref.rollout.name=hf",  # env: vllm
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+    "critic.optim.lr=1e-5",
+    "critic.model.use_remove_padding=True",
+    "critic.model.enable_gradient_checkpointing=True",
+    "critic.ppo_micro_batch_size_per_gpu=2",  # env: 32
+    "critic.model.fsdp_config.param_offload=False",
+    "critic.model.fsdp_config.optimizer_offload=False",
+    "algorithm.use_kl_in_reward=False",
+    "trainer.critic_warmup=0",
+    "trainer.logger=[console]",  # env: console + wandb
+    "trainer.project_name=verl_example_gsm8k",
+    "trainer.experiment_name=deepseek_llm_7b_function_rm",
+    "trainer.n_gpus_per_node=2",  # env: 8
+    "trainer.nnodes=1",
+    "trainer.save_freq=20",
+    "trainer.test_freq=1",
+    "trainer.total_epochs=15",
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
+]
