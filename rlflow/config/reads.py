@@ -30,8 +30,19 @@ def tracking_enabled() -> bool:
     return os.environ.get(ENV_VAR, "") not in ("", "0")
 
 
-def _schema_classes() -> list[type]:
-    return [c for c in vars(schema).values() if isinstance(c, type) and dataclasses.is_dataclass(c)]
+def _schema_classes(config: Any) -> set[type]:
+    """The dataclasses of the schema module and every section class of ``config`` (wherever defined)."""
+    classes = {c for c in vars(schema).values() if isinstance(c, type) and dataclasses.is_dataclass(c)}
+
+    def walk(section: Any) -> None:
+        classes.add(type(section))
+        for f in dataclasses.fields(section):
+            value = object.__getattribute__(section, f.name)
+            if dataclasses.is_dataclass(value):
+                walk(value)
+
+    walk(config)
+    return classes
 
 
 def _recording_getattribute(self: Any, name: str) -> Any:
@@ -64,7 +75,7 @@ def track_reads(config: Any) -> None:
         raise TypeError(f"track_reads needs the typed config, got {type(config).__name__}")
     if _PATH_ATTR not in vars(config):
         _label(config, "")
-    for cls in _schema_classes():
+    for cls in _schema_classes(config):
         if cls not in _INSTALLED:
             cls.__getattribute__ = _recording_getattribute  # type: ignore[method-assign]
             _INSTALLED.add(cls)

@@ -58,23 +58,6 @@ def check_reward_model(cfg: DictConfig) -> None:
     positive(cfg, "reward_model.timeout_s", allow_none=True)
     number(cfg, "reward_model.timeout_score")
     _check_sandbox(cfg)
-
-
-def _check_sandbox(cfg: DictConfig) -> None:
-    """``reward_model.sandbox_fusion``: an http(s) URL for the default scorer, positive limits."""
-    key = "reward_model.sandbox_fusion"
-    at_least(cfg, f"{key}.max_concurrent", 1)
-    at_least(cfg, f"{key}.memory_limit_mb", 1)
-    url = value_at(cfg, f"{key}.url")
-    if url is None:
-        return
-    if not str(url).startswith(("http://", "https://")):
-        raise ValueError(f"{key}.url={url!r} must be an http:// or https:// URL (the run_code endpoint)")
-    if value_at(cfg, "custom_reward_function.path"):
-        raise ValueError(
-            f"{key}.url with custom_reward_function.path: the sandbox runs the default scorer's code tasks; a "
-            "custom score function calls its sandbox itself (rlflow.reward.sandbox_fusion.score_code); drop one"
-        )
     _check_inference(cfg)
     if not flag(cfg, "reward_model.enable"):
         return
@@ -99,6 +82,23 @@ def _check_sandbox(cfg: DictConfig) -> None:
         raise ValueError(
             f"{key}={budget} must be >= the longest sequence the reward model scores, "
             f"reward_model.inference.prompt_length + response_length = {longest}"
+        )
+
+
+def _check_sandbox(cfg: DictConfig) -> None:
+    """``reward_model.sandbox_fusion``: an http(s) URL for the default scorer, positive limits."""
+    key = "reward_model.sandbox_fusion"
+    at_least(cfg, f"{key}.max_concurrent", 1)
+    at_least(cfg, f"{key}.memory_limit_mb", 1)
+    url = value_at(cfg, f"{key}.url")
+    if url is None:
+        return
+    if not str(url).startswith(("http://", "https://")):
+        raise ValueError(f"{key}.url={url!r} must be an http:// or https:// URL (the run_code endpoint)")
+    if value_at(cfg, "custom_reward_function.path"):
+        raise ValueError(
+            f"{key}.url with custom_reward_function.path: the sandbox runs the default scorer's code tasks; a "
+            "custom score function calls its sandbox itself (rlflow.reward.sandbox_fusion.score_code); drop one"
         )
 
 
