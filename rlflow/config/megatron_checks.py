@@ -4,12 +4,14 @@ so a ported script that verl would refuse is refused here too."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from omegaconf import DictConfig
 
 from rlflow.config.checks import at_least, flag, value_at
 from rlflow.config.engine_schema import MegatronConfig
 
-__all__ = ["check_megatron", "megatron_summary"]
+__all__ = ["check_megatron", "check_router_losses", "megatron_summary"]
 
 
 def check_megatron(cfg: DictConfig, prefix: str, world: int, sp: int) -> None:
@@ -80,3 +82,32 @@ def megatron_summary(prefix: str, megatron: MegatronConfig, sp: int) -> str | No
             "(that Megatron checkpoint is not read)"
         )
     return line
+
+
+def check_router_losses(cfg: DictConfig, model_config: Any) -> None:
+    """``actor_rollout_ref.actor.moe_aux_loss_coef`` / ``moe_z_loss_coef`` (Megatron's router losses):
+    >= 0; when on, the actor must be a mixture-of-experts model and run with Ulysses SP 1.
+
+    Args:
+        cfg: the composed config.
+        model_config: the actor's Hugging Face config.
+    """
+    actor = "actor_rollout_ref.actor"
+    coefs = [
+        at_least(cfg, f"{actor}.{name}", 0.0, integer=False)
+        for name in ("moe_aux_loss_coef", "moe_z_loss_coef")
+    ]
+    if not any(coefs):
+        return
+    if getattr(model_config, "num_experts_per_tok", None) is None or not hasattr(
+        model_config, "output_router_logits"
+    ):
+        raise ValueError(
+            f"{actor}.moe_aux_loss_coef / moe_z_loss_coef: the actor's model ({type(model_config).__name__}) is not "
+            "a mixture of experts whose forward returns router logits (output_router_logits); set them to 0"
+        )
+    if int(value_at(cfg, f"{actor}.ulysses_sequence_parallel_size")) > 1:
+        raise ValueError(
+            f"{actor}.moe_aux_loss_coef / moe_z_loss_coef with {actor}.ulysses_sequence_parallel_size > 1: each "
+            "rank would see a slice of the router's tokens; use SP 1"
+        )

@@ -32,9 +32,12 @@ recompute_granularity=full|selective``                     (actor, critic; every
                                                            / ``recompute_modules`` checked and logged
 ``override_transformer_config`` kernel switches (fusions,  dropped, logged (`KERNEL_SWITCHES`): how Megatron
 flash attention, MoE dispatch, pipeline stage split)       computes, not what
-``override_transformer_config.moe_aux_loss_coeff`` /       ``0`` only: the Hugging Face MoE forward trains
-``moe_z_loss_coeff`` / ``moe_router_bias_update_rate``     without router losses or bias updates, as verl's
-                                                           FSDP backend does; other values refused
+``override_transformer_config.moe_aux_loss_coeff`` /       the actor's: ``actor_rollout_ref.actor.
+``moe_z_loss_coeff``                                       moe_aux_loss_coef`` / ``moe_z_loss_coef`` (router
+                                                           losses from the Hugging Face MoE forward's router
+                                                           logits, `rlflow.algos.moe`); the critic's and the
+                                                           reference's: ``0`` only
+``override_transformer_config.moe_router_bias_update_rate``  ``0`` only (no aux-loss-free bias update)
 ``actor.optim.override_optimizer_config.                   ``actor_rollout_ref.actor.fsdp_config.
 optimizer_cpu_offload=true``                               optimizer_offload=true`` (the whole state;
                                                            ``optimizer_offload_fraction`` in (0, 1] checked)
@@ -125,9 +128,11 @@ KERNEL_SWITCHES: dict[str, str] = {
 """``override_transformer_config`` keys whose every value rlflow's one code path satisfies -> why."""
 
 _RECOMPUTE = ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules")
+_ROUTER_LOSSES = {"moe_aux_loss_coeff": "moe_aux_loss_coef", "moe_z_loss_coeff": "moe_z_loss_coef"}
+"""The actor's router losses (`rlflow.algos.moe`): Megatron's key -> rlflow's actor key."""
 _ZERO_ONLY = {
-    "moe_aux_loss_coeff": "the router's load-balancing loss",
-    "moe_z_loss_coeff": "the router's z-loss",
+    "moe_aux_loss_coeff": "the critic's or the reference's router load-balancing loss",
+    "moe_z_loss_coeff": "the critic's or the reference's router z-loss",
     "moe_router_bias_update_rate": "the aux-loss-free router bias update",
 }
 _INERT_BOOLS = {
@@ -243,6 +248,10 @@ def _transformer_key(role: str, sub: str, value: str) -> list[str]:
     if sub in KERNEL_SWITCHES:
         _note(key, f"config key {key}={value} changes nothing: {KERNEL_SWITCHES[sub]}")
         return []
+    if sub in _ROUTER_LOSSES and role == ACTOR:
+        target = f"{ACTOR}.{_ROUTER_LOSSES[sub]}"
+        _note(key, f"{key} is read as {target} (rlflow.algos.moe)")
+        return [f"{target}={value}"]
     if sub in _ZERO_ONLY:
         try:
             number = float(value)
@@ -250,8 +259,8 @@ def _transformer_key(role: str, sub: str, value: str) -> list[str]:
             raise ValueError(f"{key}={value}: expected a number") from None
         if number != 0.0:
             raise ValueError(
-                f"{key}={value}: {_ZERO_ONLY[sub]} is not part of rlflow's loss (the Hugging Face MoE forward, "
-                "as in verl's FSDP backend, trains without it): set 0 or drop the key"
+                f"{key}={value}: {_ZERO_ONLY[sub]} is not part of rlflow's loss (router losses are the actor's: "
+                "actor_rollout_ref.actor.moe_aux_loss_coef / moe_z_loss_coef): set 0 or drop the key"
             )
         return []
     if sub == "recompute_granularity":
@@ -277,7 +286,7 @@ def _transformer_key(role: str, sub: str, value: str) -> list[str]:
         return []
     raise ValueError(
         f"{key}: a Megatron transformer option rlflow has no meaning for; drop it (the ones rlflow reads: "
-        f"{sorted([*KERNEL_SWITCHES, *_ZERO_ONLY, *_RECOMPUTE])})"
+        f"{sorted({*KERNEL_SWITCHES, *_ZERO_ONLY, *_ROUTER_LOSSES, *_RECOMPUTE})})"
     )
 
 

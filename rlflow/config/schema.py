@@ -219,6 +219,11 @@ class ActorConfig:
         tis_imp_ratio_cap: truncated importance sampling between the rollout engine's and the trainer's
             probabilities (Yao et al. 2025): weights ``min(exp(old_log_prob - rollout_log_prob), cap)``
             multiply the per-token policy loss; -1 = off; needs ``rollout.calculate_log_probs``.
+        moe_aux_loss_coef / moe_z_loss_coef: a mixture-of-experts actor's router losses added to its loss,
+            summed over the MoE layers as Megatron-LM does (its ``moe_aux_loss_coeff`` / ``moe_z_loss_coeff``,
+            `rlflow.algos.moe`): Switch load balancing and ST-MoE's z-loss over each micro-batch's tokens,
+            weighted by its share of the mini-batch's tokens; 0 = off. Needs a Hugging Face MoE model
+            (``output_router_logits``) and Ulysses SP 1.
         use_torch_compile: the log-prob and entropy kernels on the logits run through ``torch.compile``
             (`rlflow.utils.logit_blocks`, verl's key); null = on CUDA only (verl's default there; on CPU
             inductor's C++ build costs ~20 s per process, more than the tiny model's kernels take).
@@ -248,6 +253,8 @@ class ActorConfig:
     grad_clip: float = 1.0
     ulysses_sequence_parallel_size: int = 1
     tis_imp_ratio_cap: float = -1.0
+    moe_aux_loss_coef: float = 0.0
+    moe_z_loss_coef: float = 0.0
     use_torch_compile: bool | None = None
     profile_ranks: list[int] | None = None
     profile_ranks_all: bool = False

@@ -24,6 +24,7 @@ from rlflow.engine.batching import MicroBatchSpec, UpdateSpec
 from rlflow.engine.ppo_loop import (
     FORWARD_KEYS,
     MetricAccumulator,
+    global_loss_counts,
     loss_normalisers,
     optimizer_step,
     response_mask_of,
@@ -66,6 +67,8 @@ class DataParallelPPOActor:
             ``policy_loss.loss_mode``.
         torch_compile: log-probs and entropy from the logits through the ``torch.compile``d block
             kernels (``use_torch_compile`` of the role, resolved: `rlflow.utils.logit_blocks`).
+        router_top_k: a mixture-of-experts model's experts per token, when ``moe_aux_loss_coef`` or
+            ``moe_z_loss_coef`` is set: the update adds those router losses (`rlflow.algos.moe`).
     """
 
     def __init__(
@@ -83,6 +86,7 @@ class DataParallelPPOActor:
         sync_group: Any = None,
         reinforce: RolloutCorrectionConfig | None = None,
         torch_compile: bool = False,
+        router_top_k: int | None = None,
     ) -> None:
         if not temperature > 0:
             raise ValueError(f"DataParallelPPOActor: temperature must be > 0, got {temperature}")
@@ -96,6 +100,9 @@ class DataParallelPPOActor:
         self.dp_group, self.sp_group, self.sync_group = dp_group, sp_group, sync_group
         self.reinforce = reinforce
         self.torch_compile = bool(torch_compile)
+        self.router_top_k = router_top_k
+        self._router_top_k_now: int | None = None  # set while update_policy runs
+        self._router_losses: tuple[Any, Any] = (None, None)
         self.skipped_steps = 0
 
     # ---- hooks (verl's names) --------------------------------------------------------------------------
@@ -123,7 +130,9 @@ class DataParallelPPOActor:
             temperature=temperature,
             calculate_entropy=calculate_entropy,
             compiled=self.torch_compile,
+            router_top_k=self._router_top_k_now,
         )
+        self._router_losses = (out.get("moe_aux_loss"), out.get("moe_z_loss"))
         return out.get("entropy"), out["log_probs"]
 
     def _policy_loss(self) -> PolicyLossCall:
@@ -221,9 +230,19 @@ class DataParallelPPOActor:
         data = select_update_batch(data, keys)
         if "rollout_rs_mask" in data.batch.keys():  # algorithm.rollout_correction's rejection
             data.batch["response_mask"] = data.batch["response_mask"] * data.batch.pop("rollout_rs_mask")
-        metrics, skipped = run_update(
-            data, self.update, step, self._accumulate_mini_batch, self._optimizer_step, self.dp_group, "actor"
-        )
+        self._router_top_k_now = self.router_top_k
+        try:
+            metrics, skipped = run_update(
+                data,
+                self.update,
+                step,
+                self._accumulate_mini_batch,
+                self._optimizer_step,
+                self.dp_group,
+                "actor",
+            )
+        finally:
+            self._router_top_k_now = None
         self.skipped_steps += skipped
         if self.config.use_kl_loss:
             metrics["actor/kl_coef"] = float(self.config.kl_loss_coef)  # verl's name for the KL-loss weight
@@ -236,6 +255,11 @@ class DataParallelPPOActor:
         policy_loss = self._policy_loss()
         micro = split_micro_batches(mini.batch, self.update.micro, self.sync_group)
         on_policy = "old_log_probs" not in mini.batch.keys()
+        router_tokens = (
+            global_loss_counts(mini.batch["attention_mask"], self.dp_group)[0]
+            if self._router_top_k_now is not None
+            else None
+        )
         for mb in micro.batches:
             mask = mb["response_mask"]
             entropy, log_probs = self._forward_micro_batch(
@@ -266,11 +290,28 @@ class DataParallelPPOActor:
                 kl = compute_kl_loss(log_probs, mb["ref_log_prob"], mask, cfg.kl_loss_type, mode, **norm)
                 loss = loss + float(cfg.kl_loss_coef) * kl
                 acc.add_rank_share("actor/kl_loss", kl)
+            if router_tokens is not None:
+                loss = loss + self._router_loss(mb, router_tokens, norm["dp_size"], acc)
             loss.backward()
             n_tok = float(mask.sum())
             acc.add_rank_share("actor/pg_loss", pg_loss)
             for key, value in pg_metrics.items():
                 acc.add(key, value, weight=n_tok)
+
+    def _router_loss(self, mb: Any, tokens: float, dp_size: int, acc: MetricAccumulator) -> torch.Tensor:
+        """``moe_aux_loss_coef * aux + moe_z_loss_coef * z`` of the last forward, weighted by the micro-batch's
+        share of the mini-batch's tokens (over all ranks), as Megatron scales its per-micro-batch router
+        losses; the mini-batch's ``actor/moe_aux_loss`` / ``moe_z_loss`` are the token-weighted means."""
+        aux, z = self._router_losses
+        if aux is None or z is None:
+            raise ValueError(
+                "moe_aux_loss_coef / moe_z_loss_coef are set but _forward_micro_batch returned no router losses "
+                "(an override must call forward_micro_batch with router_top_k=self._router_top_k_now)"
+            )
+        share = dp_size * float(mb["attention_mask"].sum()) / max(tokens, 1.0)
+        acc.add_rank_share("actor/moe_aux_loss", share * aux.detach())
+        acc.add_rank_share("actor/moe_z_loss", share * z.detach())
+        return share * (float(self.config.moe_aux_loss_coef) * aux + float(self.config.moe_z_loss_coef) * z)
 
     def _reinforce_loss(
         self, mb: Any, log_probs: torch.Tensor, mode: str, norm: dict[str, Any], acc: MetricAccumulator

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from rlflow.algos.moe import router_losses
 from rlflow.models.attention import PACKED_ATTENTION, PACKED_ATTENTION_ALIASES  # registers "rlflow_packed"
 from rlflow.models.fused_head import fused_head_of
 from rlflow.models.padding import gather_response_outputs, pad_input, unpad_micro_batch
@@ -148,6 +149,26 @@ def _fused_outputs(head: torch.Tensor, calculate_entropy: bool) -> dict[str, tor
     return result
 
 
+def _router_kwargs(router_top_k: int | None) -> dict[str, Any]:
+    return {"output_router_logits": True} if router_top_k is not None else {}
+
+
+def _router_outputs(
+    outputs: Any, router_top_k: int | None, valid: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    """``moe_aux_loss`` / ``moe_z_loss`` of the forward's router logits (`rlflow.algos.moe`), if asked."""
+    if router_top_k is None:
+        return {}
+    logits = getattr(outputs, "router_logits", None)
+    if not logits:
+        raise ValueError(
+            "router losses need a mixture-of-experts model that returns router_logits with "
+            "output_router_logits=True; this one returned none"
+        )
+    aux, z = router_losses(list(logits), router_top_k, valid)
+    return {"moe_aux_loss": aux, "moe_z_loss": z}
+
+
 def _padded_forward(
     module: torch.nn.Module,
     mb: MicroBatch,
@@ -155,6 +176,7 @@ def _padded_forward(
     temperature: float,
     calculate_entropy: bool,
     compiled: bool = False,
+    router_top_k: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """Forward on the padded (bs, seqlen) batch with its 2-D attention mask."""
     fused = fused_head_of(module) if output == "log_probs" else None
@@ -170,23 +192,25 @@ def _padded_forward(
             attention_mask=mb["attention_mask"],
             position_ids=mb["position_ids"],
             use_cache=False,
+            **_router_kwargs(router_top_k),
         )
+    router = _router_outputs(outputs, router_top_k, mb["attention_mask"].reshape(-1).bool())
     head = _token_head(outputs, output)
     if fused is not None:
         head = head[:, -response_len - 1 : -1]
-        return _fused_outputs(head, calculate_entropy)
+        return {**_fused_outputs(head, calculate_entropy), **router}
     if output == "scores":
         rows = torch.arange(head.shape[0], device=head.device)
         return {"scores": head[rows, last_valid_index(mb["attention_mask"])].float()}
     response_len = mb["responses"].shape[1]
     head = head[:, -response_len - 1 : -1]
     if output == "values":
-        return {"values": head.float()}
+        return {"values": head.float(), **router}
     logits = head / temperature
     result = {"log_probs": logprobs_from_logits(logits, mb["responses"], compiled=compiled)}
     if calculate_entropy:
         result["entropy"] = entropy_from_logits(logits, compiled=compiled)
-    return result
+    return {**result, **router}
 
 
 def _packed_token_outputs(
@@ -197,8 +221,10 @@ def _packed_token_outputs(
     calculate_entropy: bool,
     sp_group: Any,
     compiled: bool = False,
-) -> tuple[dict[str, torch.Tensor], Any]:
-    """Per-token outputs ``(total_tokens,)`` of the packed (and SP-sliced, then gathered) forward."""
+    router_top_k: int | None = None,
+) -> tuple[dict[str, torch.Tensor], Any, dict[str, torch.Tensor]]:
+    """Per-token outputs ``(total_tokens,)`` of the packed (and SP-sliced, then gathered) forward, and its
+    router losses (when ``router_top_k`` is set; every packed token is a valid one)."""
     packed = unpad_micro_batch(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
     sp_size = get_ulysses_sequence_parallel_world_size(sp_group)
     ids, pos, labels, pad = packed.input_ids, packed.position_ids, packed.labels, 0
@@ -209,9 +235,15 @@ def _packed_token_outputs(
     fused = fused_head_of(module) if output == "log_probs" else None
     request = fused.request(labels, temperature) if fused is not None else contextlib.nullcontext()
     with ulysses_group(sp_group if sp_size > 1 else None), request:
-        head = _token_head(
-            module(input_ids=ids, attention_mask=None, position_ids=pos, use_cache=False), output
-        )[0]
+        outputs = module(
+            input_ids=ids,
+            attention_mask=None,
+            position_ids=pos,
+            use_cache=False,
+            **_router_kwargs(router_top_k),
+        )
+        head = _token_head(outputs, output)[0]
+    router = _router_outputs(outputs, router_top_k, None)
     if fused is not None:
         local = _fused_outputs(head, calculate_entropy)
     elif output == "log_probs":
@@ -225,7 +257,7 @@ def _packed_token_outputs(
         k: gather_outputs_and_unpad(v, gather_dim=0, unpad_dim=0, padding_size=pad, group=sp_group)
         for k, v in local.items()
     }
-    return gathered, packed
+    return gathered, packed, router
 
 
 def forward_micro_batch(
@@ -238,6 +270,7 @@ def forward_micro_batch(
     temperature: float = 1.0,
     calculate_entropy: bool = False,
     compiled: bool = False,
+    router_top_k: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """Run ``module`` on one padded micro-batch and return response-aligned outputs.
 
@@ -256,20 +289,30 @@ def forward_micro_batch(
         calculate_entropy: also return ``entropy`` (``"log_probs"`` only).
         compiled: log-probs and entropy from the logits through the ``torch.compile``d block kernels
             (`rlflow.utils.logit_blocks`; ``use_torch_compile``); the fused head has its own kernels.
+        router_top_k: a mixture-of-experts model's experts per token: the forward also returns the router
+            losses of its valid tokens (`rlflow.algos.moe.router_losses`); None = none. Not with SP > 1.
 
     Returns:
         ``{"log_probs": (bs, response_len)[, "entropy": (bs, response_len)]}``, ``{"values": (bs,
-        response_len)}`` or ``{"scores": (bs,)}``; float32 or wider, differentiable.
+        response_len)}`` or ``{"scores": (bs,)}``; float32 or wider, differentiable; with
+        ``router_top_k`` also the scalars ``moe_aux_loss`` and ``moe_z_loss``.
     """
     _check_inputs(micro_batch, output, temperature)
     sp_size = get_ulysses_sequence_parallel_world_size(sp_group)
     if sp_size > 1 and not use_remove_padding:
         raise ValueError(f"ulysses_sequence_parallel_size={sp_size} > 1 needs use_remove_padding=True")
+    if sp_size > 1 and router_top_k is not None:
+        raise ValueError(
+            f"router losses with ulysses_sequence_parallel_size={sp_size}: each rank would see a slice of the "
+            "router's tokens; use SP 1"
+        )
     if not use_remove_padding:
-        return _padded_forward(module, micro_batch, output, temperature, calculate_entropy, compiled)
+        return _padded_forward(
+            module, micro_batch, output, temperature, calculate_entropy, compiled, router_top_k
+        )
     _check_attn_implementation(module, sp_size)
-    tokens, packed = _packed_token_outputs(
-        module, micro_batch, output, temperature, calculate_entropy, sp_group, compiled
+    tokens, packed, router = _packed_token_outputs(
+        module, micro_batch, output, temperature, calculate_entropy, sp_group, compiled, router_top_k
     )
     bs, seqlen = packed.batch_size, packed.seqlen
     if output == "scores":
@@ -277,6 +320,7 @@ def forward_micro_batch(
         rows = torch.arange(bs, device=padded.device)
         return {"scores": padded[rows, last_valid_index(micro_batch["attention_mask"])]}
     response_len = micro_batch["responses"].shape[1]
-    return {
+    outputs = {
         k: gather_response_outputs(v, packed.indices, bs, seqlen, response_len) for k, v in tokens.items()
     }
+    return {**outputs, **router}

@@ -28,6 +28,19 @@ from rlflow.workers.role_setup import (
 __all__ = ["ActorRolloutWorker"]
 
 
+def _router_top_k(actor: Any, module: torch.nn.Module) -> int | None:
+    """Experts per token of a mixture-of-experts actor whose router losses are on (None when they are off)."""
+    if not (float(actor.moe_aux_loss_coef) or float(actor.moe_z_loss_coef)):
+        return None
+    top_k = getattr(getattr(module, "config", None), "num_experts_per_tok", None)
+    if top_k is None:
+        raise ValueError(
+            "actor_rollout_ref.actor.moe_aux_loss_coef / moe_z_loss_coef need a mixture-of-experts model "
+            "(its config has num_experts_per_tok); this one is not"
+        )
+    return int(top_k)
+
+
 class ActorRolloutWorker(RoleWorker):
     """The policy: generation (``actor_rollout_ref.rollout``), log-probs, PPO update."""
 
@@ -70,6 +83,7 @@ class ActorRolloutWorker(RoleWorker):
             use_remove_padding=arr.model.use_remove_padding,
             reinforce=correction if correction.use_policy_gradient else None,
             torch_compile=resolve_torch_compile(actor.use_torch_compile, self.device),
+            router_top_k=_router_top_k(actor, self.module),
             **self._groups(),
         )
         self.tokenizer = load_tokenizer(

@@ -39,7 +39,8 @@ def test_megatron_overrides_become_fsdp2_overrides():
             f"+{T}.recompute_num_layers=1",
             f"+{T}.apply_rope_fusion=True",
             f"+{T}.moe_router_dtype=fp32",
-            f"+{T}.moe_aux_loss_coeff=0.0",
+            f"+{T}.moe_aux_loss_coeff=0.01",
+            f"+{T}.moe_z_loss_coeff=0.001",
             f"+{A}.optim.override_optimizer_config.optimizer_cpu_offload=True",
             f"+{A}.optim.override_optimizer_config.optimizer_offload_fraction=1.",
             f"+{A}.optim.override_optimizer_config.use_precision_aware_optimizer=True",
@@ -67,6 +68,8 @@ def test_megatron_overrides_become_fsdp2_overrides():
         f"{M}.use_dist_checkpointing=True",
         f"{M}.dist_checkpointing_path=/ckpt/qwen",
         "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+        f"{A}.moe_aux_loss_coef=0.01",  # the actor's router losses (rlflow.algos.moe)
+        f"{A}.moe_z_loss_coef=0.001",
         f"{REF}.fsdp_config.param_offload=True",
         f"{REF}.ulysses_sequence_parallel_size=2",
         f"{C}.strategy=fsdp2",
@@ -82,8 +85,11 @@ def test_megatron_overrides_become_fsdp2_overrides():
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        (f"+{T}.moe_aux_loss_coeff=0.01", "the router's load-balancing loss is not part of rlflow's loss"),
-        (f"+{T}.moe_z_loss_coeff=1e-3", "the router's z-loss is not part of rlflow's loss"),
+        (
+            f"+{C}.megatron.override_transformer_config.moe_aux_loss_coeff=0.01",
+            "the critic's or the reference's router load-balancing loss is not part of rlflow's loss",
+        ),
+        (f"+{REF}.megatron.override_transformer_config.moe_z_loss_coeff=1e-3", "router z-loss is not part"),
         (f"+{T}.moe_router_bias_update_rate=0.001", "the aux-loss-free router bias update"),
         (f"+{T}.recompute_granularity=partial", "must be full, selective or null"),
         (f"+{T}.sequence_parallel=True", "a Megatron transformer option rlflow has no meaning for"),

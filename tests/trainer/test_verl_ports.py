@@ -14,6 +14,7 @@ import pytest
 
 from rlflow.config import load_config
 from rlflow.trainer.main_ppo import prepare_config, run_ppo
+from tests.tiny_moe_model import save_tiny_moe_model
 from tests.tiny_reward_model import save_tiny_reward_model
 
 from . import verl_scripts
@@ -27,6 +28,7 @@ from .verl_scripts import (
     GRPO_QWEN2_7B_SEQ_BALANCE,
     GRPO_QWEN3_8B_NPU,
     GRPO_QWEN3_VL_30B_FSDP2,
+    GRPO_QWEN3_VL_30B_MEGATRON,
     PPO_MOONLIGHT16B_A3B_MEGATRON,
     PPO_QWEN2_7B_RM_SEQ_BALANCE_FUSED,
     REINFORCE_PP_QWEN2_7B_MATH,
@@ -43,8 +45,17 @@ def reward_model_dir(tmp_path_factory) -> str:
     return save_tiny_reward_model(tmp_path_factory.mktemp("rm"))
 
 
-def _environment(overrides: list[str], reward_model_dir: str) -> list[str]:
-    return [o.replace("{reward_model_dir}", reward_model_dir) for o in overrides]
+@pytest.fixture(scope="module")
+def moe_model_dir(tmp_path_factory) -> str:
+    """A tiny mixture-of-experts causal LM (the Megatron MoE scripts' model)."""
+    return save_tiny_moe_model(tmp_path_factory.mktemp("moe"))
+
+
+def _environment(overrides: list[str], reward_model_dir: str, moe_model_dir: str = "") -> list[str]:
+    return [
+        o.replace("{reward_model_dir}", reward_model_dir).replace("{moe_model_dir}", moe_model_dir)
+        for o in overrides
+    ]
 
 
 def _config_name(name: str) -> str:
@@ -53,8 +64,9 @@ def _config_name(name: str) -> str:
 
 
 @pytest.mark.parametrize("name", sorted(PORTS))
-def test_port_composes_and_passes_every_check(name, reward_model_dir):
-    cfg = load_config(_environment(PORTS[name], reward_model_dir), config_name=_config_name(name))
+def test_port_composes_and_passes_every_check(name, reward_model_dir, moe_model_dir):
+    overrides = _environment(PORTS[name], reward_model_dir, moe_model_dir)
+    cfg = load_config(overrides, config_name=_config_name(name))
     prepare_config(cfg, build_warm_start=False)
 
 
@@ -213,6 +225,21 @@ def test_megatron_ports_run_two_steps_on_fsdp2(tmp_path):
             for h in (first, second):
                 assert h["actor/grad_norm"] > 0 and h["critic/grad_norm"] > 0
                 assert math.isfinite(h["critic/vf_loss"])
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_megatron_moe_port_runs_two_steps_with_its_router_losses(tmp_path, moe_model_dir):
+    """Qwen3-VL-30B-A3B's Megatron script on a tiny Qwen3-MoE: the router losses it sets (load balancing
+    0.01, z-loss 0.001) are in the actor's loss; tests/engine/test_router_losses.py checks their gradient."""
+    overrides = _environment(GRPO_QWEN3_VL_30B_MEGATRON, "", moe_model_dir)
+    cfg = load_config([*overrides, *_local(tmp_path)], config_name="ppo_megatron_trainer")
+    actor = cfg.actor_rollout_ref.actor
+    assert (actor.moe_aux_loss_coef, actor.moe_z_loss_coef) == (0.01, 0.001)
+    for h in _steps(run_ppo(cfg)["history"]):
+        # two MoE layers: each load-balancing term is 1 for an even router (2 here), at most E = 4
+        assert 1.0 < h["actor/moe_aux_loss"] < 8.0 and h["actor/moe_z_loss"] > 0
+        assert math.isfinite(h["actor/pg_loss"]) and math.isfinite(h["actor/grad_norm"])
 
 
 @pytest.mark.slow
