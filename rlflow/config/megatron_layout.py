@@ -37,7 +37,8 @@ flash attention, MoE dispatch, pipeline stage split)       computes, not what
                                                            losses from the Hugging Face MoE forward's router
                                                            logits, `rlflow.algos.moe`); the critic's and the
                                                            reference's: ``0`` only
-``override_transformer_config.moe_router_bias_update_rate``  ``0`` only (no aux-loss-free bias update)
+``override_transformer_config.                             ``0`` only (no aux-loss-free bias update)
+moe_router_bias_update_rate``
 ``actor.optim.override_optimizer_config.                   ``actor_rollout_ref.actor.fsdp_config.
 optimizer_cpu_offload=true``                               optimizer_offload=true`` (the whole state;
                                                            ``optimizer_offload_fraction`` in (0, 1] checked)
