@@ -51,6 +51,8 @@ target_modules}`` (verl's Megatron LoRA)    target_modules}``
 ``trainer.logger=console`` (one string)       ``trainer.logger=[console]`` (verl wraps it in a list)
 ``rollout.load_format``                      dropped, logged (`INERT_CHOICES`): the engine's first weights
 ``data.filter_overlong_prompts_workers``     dropped, logged (`INERT_COUNTS`): one batched tokenizer call
+Megatron's key renames and inert switches     `rlflow.config.megatron_layout` (`MEGATRON_KEY_ALIASES`,
+(``<role>.megatron.*``)                      `MEGATRON_INERT_FLAGS`)
 ==========================================  ==============================================
 
 The early-2025 spelling (one verl release, e.g. its ``run_deepseek7b_llm_sp2.sh`` at that time) had no
@@ -64,8 +66,12 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rlflow.config.megatron_layout import rewrite_megatron_overrides
-from rlflow.config.override_syntax import parse_bool, split_override, unquote
+from rlflow.config.megatron_layout import (
+    MEGATRON_INERT_FLAGS,
+    MEGATRON_KEY_ALIASES,
+    rewrite_megatron_overrides,
+)
+from rlflow.config.override_syntax import note_once, parse_bool, split_override, unquote
 from rlflow.config.profiler_layout import rewrite_profiler_overrides
 
 logger = logging.getLogger(__name__)
@@ -111,6 +117,7 @@ KEY_ALIASES: dict[str, str] = {
     "actor_rollout_ref.model.lora.rank": "actor_rollout_ref.model.lora_rank",
     "actor_rollout_ref.model.lora.alpha": "actor_rollout_ref.model.lora_alpha",
     "actor_rollout_ref.model.lora.target_modules": "actor_rollout_ref.model.target_modules",
+    **MEGATRON_KEY_ALIASES,
 }
 """verl key (or key prefix) -> rlflow key."""
 
@@ -147,6 +154,7 @@ INERT_FLAGS: dict[str, str] = {
         "verl gathers LoRA weights layer by layer to bound the memory of the sync; rlflow's sync always "
         "gathers in buckets of rollout.update_weights_bucket_megabytes and folds the adapters bucket by bucket"
     ),
+    **MEGATRON_INERT_FLAGS,
 }
 """verl boolean keys whose both values rlflow's one code path satisfies: checked to be booleans, logged,
 and dropped (no schema key would change anything)."""
@@ -227,9 +235,7 @@ def rewrite_overrides(overrides: Iterable[str]) -> list[str]:
             continue
         if key in INERT_FLAGS and rest and prefix != "~":
             parse_bool(key, rest.removeprefix("="))
-            if key not in _noted:
-                _noted.add(key)
-                logger.info("config key %s%s changes nothing: %s", key, rest, INERT_FLAGS[key])
+            note_once(logger, key, "config key %s%s changes nothing: %s", key, rest, INERT_FLAGS[key])
             continue
         if key in INERT_COUNTS and rest and prefix != "~":
             _inert_count(key, unquote(rest.removeprefix("=")))
@@ -260,18 +266,14 @@ def _as_list(rest: str) -> str:
 def _inert_count(key: str, value: str) -> None:
     if not value.isdigit() or int(value) < 1:
         raise ValueError(f"{key}={value!r} must be a whole number >= 1 ({INERT_COUNTS[key]})")
-    if key not in _noted:
-        _noted.add(key)
-        logger.info("config key %s=%s changes nothing: %s", key, value, INERT_COUNTS[key])
+    note_once(logger, key, "config key %s=%s changes nothing: %s", key, value, INERT_COUNTS[key])
 
 
 def _inert_choice(key: str, value: str) -> None:
     choices, why = INERT_CHOICES[key]
     if value not in choices:
         raise ValueError(f"{key}={value!r} must be one of {list(choices)} ({why})")
-    if key not in _noted:
-        _noted.add(key)
-        logger.info("config key %s=%s changes nothing: %s", key, value, why)
+    note_once(logger, key, "config key %s=%s changes nothing: %s", key, value, why)
 
 
 def _flag(key: str, value: str, done: list[str], overrides: Iterable[str]) -> list[str]:
@@ -351,10 +353,5 @@ def _set(tree: dict[str, Any], parts: list[str], value: Any) -> None:
         tree[parts[-1]] = value
 
 
-_noted: set[str] = set()
-
-
 def _note(old: str, new: str) -> None:
-    if old not in _noted:
-        _noted.add(old)
-        logger.info("config key %s is verl's spelling of %s (accepted as an alias)", old, new)
+    note_once(logger, old, "config key %s is verl's spelling of %s (accepted as an alias)", old, new)

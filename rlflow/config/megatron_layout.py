@@ -56,11 +56,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from rlflow.config.override_syntax import parse_bool, split_override, unquote
+from rlflow.config.override_syntax import note_once, parse_bool, split_override, unquote
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KERNEL_SWITCHES", "MEGATRON_ROLES", "rewrite_megatron_overrides"]
+__all__ = [
+    "KERNEL_SWITCHES",
+    "MEGATRON_INERT_FLAGS",
+    "MEGATRON_KEY_ALIASES",
+    "MEGATRON_ROLES",
+    "rewrite_megatron_overrides",
+]
 
 ACTOR, REF, CRITIC, REWARD = "actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model"
 MEGATRON_ROLES = (ACTOR, REF, CRITIC, REWARD)
@@ -136,17 +142,52 @@ _ZERO_ONLY = {
     "moe_z_loss_coeff": "the critic's or the reference's router z-loss",
     "moe_router_bias_update_rate": "the aux-loss-free router bias update",
 }
-_INERT_BOOLS = {
-    "use_mbridge": "how verl maps Hugging Face weights into Megatron's modules (rlflow trains the Hugging Face "
-    "modules themselves)",
-    "vanilla_mbridge": "which weight bridge verl uses (rlflow needs none)",
-}
-_OPTIMIZER_INERT = {
-    "overlap_cpu_optimizer_d2h_h2d": "overlaps Megatron's host-device optimizer copies (a speed switch)",
-    "use_precision_aware_optimizer": "Megatron's fused AdamW with its default fp32 moments: the same update "
-    "as rlflow's AdamW",
-}
 _OPTIM = f"{ACTOR}.optim.override_optimizer_config"
+
+MEGATRON_KEY_ALIASES: dict[str, str] = {
+    **{
+        f"{role}.megatron.{sub}": f"{role}.{target}"
+        for role in (ACTOR, REF, CRITIC)
+        for sub, target in (
+            ("context_parallel_size", "ulysses_sequence_parallel_size"),
+            ("param_offload", "fsdp_config.param_offload"),
+            ("dtype", "fsdp_config.mixed_precision.param_dtype"),
+        )
+    },
+    **{
+        f"{role}.megatron.{sub}": f"{role}.fsdp_config.{sub}"
+        for role in (ACTOR, CRITIC)
+        for sub in ("optimizer_offload", "grad_offload")
+    },
+    **{
+        f"{ACTOR}.megatron.override_transformer_config.{sub}": f"{ACTOR}.{target}"
+        for sub, target in _ROUTER_LOSSES.items()
+    },
+    f"{REWARD}.megatron.tensor_model_parallel_size": f"{REWARD}.inference.tensor_model_parallel_size",
+    f"{REWARD}.megatron.param_offload": f"{REWARD}.model.fsdp_config.param_offload",
+}
+"""Megatron keys that are another name of one rlflow key (`rlflow.config.aliases.KEY_ALIASES` applies
+them): context parallelism is Ulysses', the offloads and the compute dtype are FSDP's, the actor's router
+losses its ``moe_*_loss_coef``, the reward model's TP and offload its own keys."""
+
+MEGATRON_INERT_FLAGS: dict[str, str] = {
+    **{
+        f"{role}.megatron.use_mbridge": "how verl maps Hugging Face weights into Megatron's modules (rlflow "
+        "trains the Hugging Face modules themselves)"
+        for role in (ACTOR, REF, CRITIC)
+    },
+    **{
+        f"{role}.megatron.vanilla_mbridge": "which weight bridge verl uses (rlflow needs none)"
+        for role in (ACTOR, REF, CRITIC)
+    },
+    f"{_OPTIM}.overlap_cpu_optimizer_d2h_h2d": "overlaps Megatron's host-device optimizer copies (a speed "
+    "switch)",
+    f"{_OPTIM}.use_precision_aware_optimizer": "Megatron's fused AdamW with its default fp32 moments: the "
+    "same update as rlflow's AdamW",
+}
+"""Megatron switches whose both values rlflow's one code path satisfies (`rlflow.config.aliases.
+INERT_FLAGS` checks, logs and drops them)."""
+_PASSED_ON = frozenset({*MEGATRON_KEY_ALIASES, *MEGATRON_INERT_FLAGS})
 _ROLE_KEYS = (
     *SIZES,
     "context_parallel_size",
@@ -156,7 +197,8 @@ _ROLE_KEYS = (
     "dtype",
     "use_dist_checkpointing",
     "dist_checkpointing_path",
-    *_INERT_BOOLS,
+    "use_mbridge",
+    "vanilla_mbridge",
     "override_transformer_config.*",
 )
 
@@ -184,7 +226,9 @@ def rewrite_megatron_overrides(overrides: Iterable[str]) -> list[str]:
         prefix, key, rest = split_override(item)
         value = unquote(rest.removeprefix("="))
         role = next((r for r in MEGATRON_ROLES if key.startswith(f"{r}.megatron.")), None)
-        if key == "model_engine":
+        if key in _PASSED_ON and prefix != "~":
+            out.append(f"{key}{rest}")  # `rlflow.config.aliases` renames it (or drops it); '+' not needed
+        elif key == "model_engine":
             _engine(value)
         elif key in {f"{r}.strategy" for r in MEGATRON_ROLES} and value == "megatron":
             _note(key, f"{key}=megatron runs as {key}=fsdp2 (rlflow.config.megatron_layout)")
@@ -206,35 +250,15 @@ def _role_key(role: str, sub: str, value: str) -> list[str]:
     """rlflow's overrides for ``<role>.megatron.<sub>=value``."""
     key = f"{role}.megatron.{sub}"
     if role == REWARD:
-        targets = {
-            "tensor_model_parallel_size": "reward_model.inference.tensor_model_parallel_size",
-            "param_offload": "reward_model.model.fsdp_config.param_offload",
-        }
-        if sub not in targets:
-            raise ValueError(
-                f"{key}: the reward model runs as one full copy per rank (forward only); of its Megatron keys "
-                f"only {sorted(targets)} have a meaning here: drop it"
-            )
-        _note(key, f"{key} is read as {targets[sub]}")
-        return [f"{targets[sub]}={value}"]
+        targets = sorted(
+            k.removeprefix(f"{REWARD}.megatron.") for k in MEGATRON_KEY_ALIASES if k.startswith(REWARD)
+        )
+        raise ValueError(
+            f"{key}: the reward model runs as one full copy per rank (forward only); of its Megatron keys "
+            f"only {targets} have a meaning here: drop it"
+        )
     if sub in SIZES or sub in ("use_dist_checkpointing", "dist_checkpointing_path"):
         return [f"{key}={value}"]
-    if sub == "context_parallel_size":
-        target = f"{role}.ulysses_sequence_parallel_size"
-        _note(key, f"{key} (context parallelism) is read as {target} (Ulysses sequence parallelism)")
-        return [f"{target}={value}"]
-    if sub in ("param_offload", "optimizer_offload", "grad_offload"):
-        target = f"{role}.fsdp_config.{sub}"
-        _note(key, f"{key} is read as {target}")
-        return [f"{target}={value}"]
-    if sub == "dtype":
-        target = f"{role}.fsdp_config.mixed_precision.param_dtype"
-        _note(key, f"{key} (Megatron's compute dtype) is read as {target}")
-        return [f"{target}={value}"]
-    if sub in _INERT_BOOLS:
-        parse_bool(key, value)
-        _note(key, f"config key {key}={value} changes nothing: {_INERT_BOOLS[sub]}")
-        return []
     if sub.startswith("override_transformer_config."):
         return _transformer_key(role, sub.removeprefix("override_transformer_config."), value)
     raise ValueError(
@@ -249,10 +273,6 @@ def _transformer_key(role: str, sub: str, value: str) -> list[str]:
     if sub in KERNEL_SWITCHES:
         _note(key, f"config key {key}={value} changes nothing: {KERNEL_SWITCHES[sub]}")
         return []
-    if sub in _ROUTER_LOSSES and role == ACTOR:
-        target = f"{ACTOR}.{_ROUTER_LOSSES[sub]}"
-        _note(key, f"{key} is read as {target} (rlflow.algos.moe)")
-        return [f"{target}={value}"]
     if sub in _ZERO_ONLY:
         try:
             number = float(value)
@@ -315,13 +335,10 @@ def _optimizer_key(sub: str, value: str) -> list[str]:
                 f"{key}={value}: with optimizer offload rlflow keeps the whole optimizer state in host memory",
             )
         return []
-    if sub in _OPTIMIZER_INERT:
-        parse_bool(key, value)
-        _note(key, f"config key {key}={value} changes nothing: {_OPTIMIZER_INERT[sub]}")
-        return []
+    inert = sorted(k.removeprefix(f"{_OPTIM}.") for k in MEGATRON_INERT_FLAGS if k.startswith(_OPTIM))
     raise ValueError(
         f"{key}: a Megatron optimizer option rlflow has no meaning for; drop it (the ones rlflow reads: "
-        f"{sorted(['optimizer_cpu_offload', 'optimizer_offload_fraction', *_OPTIMIZER_INERT])})"
+        f"{sorted(['optimizer_cpu_offload', 'optimizer_offload_fraction', *inert])})"
     )
 
 
@@ -333,23 +350,13 @@ def _engine(value: str) -> None:
 
 def _check_checkpointing(overrides: list[str], recompute: set[str]) -> None:
     """A Megatron recompute setting that turned gradient checkpointing on must not meet an explicit off."""
-    for gc_key in recompute:
-        values = {
-            unquote(rest.removeprefix("=")).lower()
-            for _, key, rest in map(split_override, overrides)
-            if key == gc_key and rest
-        }
-        if "true" in values and values & {"false", "0", "no"}:
+    for _, key, rest in map(split_override, overrides):
+        if key in recompute and rest and not parse_bool(key, rest.removeprefix("=")):
             raise ValueError(
-                f"{gc_key}: Megatron's recompute_granularity turns gradient checkpointing on, but the command "
-                f"line also sets {gc_key}=false; drop one of them"
+                f"{key}: Megatron's recompute_granularity turns gradient checkpointing on, but the command "
+                f"line also sets {key}=false; drop one of them"
             )
 
 
-_noted: set[str] = set()
-
-
 def _note(key: str, message: str) -> None:
-    if key not in _noted:
-        _noted.add(key)
-        logger.info("%s", message)
+    note_once(logger, key, "%s", message)

@@ -1,10 +1,13 @@
 """The syntax of one Hydra command-line override, shared by the rewrites of verl's spellings
-(`rlflow.config.aliases`, `rlflow.config.profiler_layout`).
+(`rlflow.config.aliases`, `rlflow.config.profiler_layout`, `rlflow.config.megatron_layout`), and their
+log-once notes.
 """
 
 from __future__ import annotations
 
-__all__ = ["HYDRA_PREFIXES", "parse_bool", "split_override", "unquote"]
+import logging
+
+__all__ = ["HYDRA_PREFIXES", "note_once", "parse_bool", "split_override", "unquote"]
 
 HYDRA_PREFIXES = ("++", "+", "~")
 """Hydra's override prefixes: force-add, add, delete (longest first)."""
@@ -42,3 +45,14 @@ def parse_bool(key: str, value: str) -> bool:
     if text in _FALSE:
         return False
     raise ValueError(f"{key}={value}: expected true or false")
+
+
+_NOTED: set[str] = set()
+
+
+def note_once(log: logging.Logger, key: str, message: str, *args: object) -> None:
+    """Log ``message % args`` at INFO on ``log`` the first time ``key`` is noted in this process (a rewrite
+    of a verl spelling is said once, however often the config is composed)."""
+    if key not in _NOTED:
+        _NOTED.add(key)
+        log.info(message, *args)

@@ -15,8 +15,6 @@ import os
 import sys
 from typing import Any
 
-from rlflow.config import schema
-
 __all__ = ["ENV_VAR", "config_reads", "track_reads", "tracking_enabled"]
 
 ENV_VAR = "RLFLOW_TRACK_CONFIG_READS"
@@ -30,18 +28,13 @@ def tracking_enabled() -> bool:
     return os.environ.get(ENV_VAR, "") not in ("", "0")
 
 
-def _schema_classes(config: Any) -> set[type]:
-    """The dataclasses of the schema module and every section class of ``config`` (wherever defined)."""
-    classes = {c for c in vars(schema).values() if isinstance(c, type) and dataclasses.is_dataclass(c)}
-
-    def walk(section: Any) -> None:
-        classes.add(type(section))
-        for f in dataclasses.fields(section):
-            value = object.__getattribute__(section, f.name)
-            if dataclasses.is_dataclass(value):
-                walk(value)
-
-    walk(config)
+def _section_classes(section: Any) -> set[type]:
+    """The classes of ``section`` and of every section under it (wherever the schema defines them)."""
+    classes = {type(section)}
+    for f in dataclasses.fields(section):
+        value = object.__getattribute__(section, f.name)
+        if dataclasses.is_dataclass(value):
+            classes |= _section_classes(value)
     return classes
 
 
@@ -75,7 +68,7 @@ def track_reads(config: Any) -> None:
         raise TypeError(f"track_reads needs the typed config, got {type(config).__name__}")
     if _PATH_ATTR not in vars(config):
         _label(config, "")
-    for cls in _schema_classes(config):
+    for cls in _section_classes(config):
         if cls not in _INSTALLED:
             cls.__getattribute__ = _recording_getattribute  # type: ignore[method-assign]
             _INSTALLED.add(cls)

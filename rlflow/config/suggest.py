@@ -13,6 +13,7 @@ import difflib
 import functools
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.nodes import BooleanNode
@@ -31,28 +32,35 @@ logger = logging.getLogger(__name__)
 
 
 @functools.cache
+def _schema_nodes(schema: type) -> tuple[tuple[str, Any], ...]:
+    """``(dotted key, node)`` of every section and leaf of a structured config; the entries of free-form
+    mappings (``dict`` fields) are not walked."""
+    nodes: list[tuple[str, Any]] = []
+
+    def walk(node: DictConfig, prefix: str) -> None:
+        for name in node.keys():
+            key, child = f"{prefix}{name}", node._get_node(name)
+            nodes.append((key, child))
+            if isinstance(child, DictConfig) and OmegaConf.get_type(child) not in (dict, None):
+                walk(child, key + ".")
+
+    walk(OmegaConf.structured(schema), "")
+    return tuple(nodes)
+
+
+def _is_open(node: Any) -> bool:
+    return isinstance(node, DictConfig) and OmegaConf.get_type(node) in (dict, None)
+
+
+@functools.cache
 def schema_keys(schema: type) -> tuple[frozenset[str], frozenset[str]]:
     """Dotted keys of a structured config: ``(keys, open_sections)``.
 
     ``keys`` holds every section and leaf; ``open_sections`` the free-form mappings (``dict`` fields such
     as ``custom_reward_function.reward_kwargs``), under which any key is accepted.
     """
-    keys: set[str] = set()
-    open_sections: set[str] = set()
-
-    def walk(node: DictConfig, prefix: str) -> None:
-        for name in node.keys():
-            key = f"{prefix}{name}"
-            keys.add(key)
-            child = node._get_node(name)
-            if isinstance(child, DictConfig):
-                if OmegaConf.get_type(child) in (dict, None):
-                    open_sections.add(key)
-                else:
-                    walk(child, key + ".")
-
-    walk(OmegaConf.structured(schema), "")
-    return frozenset(keys), frozenset(open_sections)
+    nodes = _schema_nodes(schema)
+    return frozenset(k for k, _ in nodes), frozenset(k for k, node in nodes if _is_open(node))
 
 
 def suggest_keys(key: str, known: Iterable[str], limit: int = 3) -> list[str]:
@@ -89,19 +97,7 @@ def _under_open_section(key: str, open_sections: frozenset[str]) -> bool:
 @functools.cache
 def boolean_keys(schema: type) -> frozenset[str]:
     """Dotted keys of the structured config ``schema`` whose value is a boolean."""
-    out: set[str] = set()
-
-    def walk(node: DictConfig, prefix: str) -> None:
-        for name in node.keys():
-            child = node._get_node(name)
-            if isinstance(child, DictConfig):
-                if OmegaConf.get_type(child) not in (dict, None):
-                    walk(child, f"{prefix}{name}.")
-            elif isinstance(child, BooleanNode):
-                out.add(f"{prefix}{name}")
-
-    walk(OmegaConf.structured(schema), "")
-    return frozenset(out)
+    return frozenset(k for k, node in _schema_nodes(schema) if isinstance(node, BooleanNode))
 
 
 def drop_append_on_known_keys(overrides: Iterable[str], schema: type) -> list[str]:

@@ -101,8 +101,7 @@ class DataParallelPPOActor:
         self.reinforce = reinforce
         self.torch_compile = bool(torch_compile)
         self.router_top_k = router_top_k
-        self._router_top_k_now: int | None = None  # set while update_policy runs
-        self._router_losses: tuple[Any, Any] = (None, None)
+        self._router_losses: tuple[Any, Any] = (None, None)  # of the last training forward
         self.skipped_steps = 0
 
     # ---- hooks (verl's names) --------------------------------------------------------------------------
@@ -130,7 +129,7 @@ class DataParallelPPOActor:
             temperature=temperature,
             calculate_entropy=calculate_entropy,
             compiled=self.torch_compile,
-            router_top_k=self._router_top_k_now,
+            router_top_k=self.router_top_k if self.actor_module.training else None,  # the update's forwards
         )
         self._router_losses = (out.get("moe_aux_loss"), out.get("moe_z_loss"))
         return out.get("entropy"), out["log_probs"]
@@ -230,19 +229,9 @@ class DataParallelPPOActor:
         data = select_update_batch(data, keys)
         if "rollout_rs_mask" in data.batch.keys():  # algorithm.rollout_correction's rejection
             data.batch["response_mask"] = data.batch["response_mask"] * data.batch.pop("rollout_rs_mask")
-        self._router_top_k_now = self.router_top_k
-        try:
-            metrics, skipped = run_update(
-                data,
-                self.update,
-                step,
-                self._accumulate_mini_batch,
-                self._optimizer_step,
-                self.dp_group,
-                "actor",
-            )
-        finally:
-            self._router_top_k_now = None
+        metrics, skipped = run_update(
+            data, self.update, step, self._accumulate_mini_batch, self._optimizer_step, self.dp_group, "actor"
+        )
         self.skipped_steps += skipped
         if self.config.use_kl_loss:
             metrics["actor/kl_coef"] = float(self.config.kl_loss_coef)  # verl's name for the KL-loss weight
@@ -257,7 +246,7 @@ class DataParallelPPOActor:
         on_policy = "old_log_probs" not in mini.batch.keys()
         router_tokens = (
             global_loss_counts(mini.batch["attention_mask"], self.dp_group)[0]
-            if self._router_top_k_now is not None
+            if self.router_top_k is not None
             else None
         )
         for mb in micro.batches:
@@ -306,7 +295,7 @@ class DataParallelPPOActor:
         if aux is None or z is None:
             raise ValueError(
                 "moe_aux_loss_coef / moe_z_loss_coef are set but _forward_micro_batch returned no router losses "
-                "(an override must call forward_micro_batch with router_top_k=self._router_top_k_now)"
+                "(an override must pass router_top_k=self.router_top_k to forward_micro_batch while training)"
             )
         share = dp_size * float(mb["attention_mask"].sum()) / max(tokens, 1.0)
         acc.add_rank_share("actor/moe_aux_loss", share * aux.detach())

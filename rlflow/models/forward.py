@@ -154,9 +154,10 @@ def _router_kwargs(router_top_k: int | None) -> dict[str, Any]:
 
 
 def _router_outputs(
-    outputs: Any, router_top_k: int | None, valid: torch.Tensor | None
+    outputs: Any, router_top_k: int | None, attention_mask: torch.Tensor | None
 ) -> dict[str, torch.Tensor]:
-    """``moe_aux_loss`` / ``moe_z_loss`` of the forward's router logits (`rlflow.algos.moe`), if asked."""
+    """``moe_aux_loss`` / ``moe_z_loss`` of the forward's router logits (`rlflow.algos.moe`), if asked;
+    ``attention_mask`` (bs, seqlen) marks the valid tokens of a padded forward (None: all are)."""
     if router_top_k is None:
         return {}
     logits = getattr(outputs, "router_logits", None)
@@ -165,6 +166,7 @@ def _router_outputs(
             "router losses need a mixture-of-experts model that returns router_logits with "
             "output_router_logits=True; this one returned none"
         )
+    valid = None if attention_mask is None else attention_mask.reshape(-1).bool()
     aux, z = router_losses(list(logits), router_top_k, valid)
     return {"moe_aux_loss": aux, "moe_z_loss": z}
 
@@ -194,7 +196,7 @@ def _padded_forward(
             use_cache=False,
             **_router_kwargs(router_top_k),
         )
-    router = _router_outputs(outputs, router_top_k, mb["attention_mask"].reshape(-1).bool())
+    router = _router_outputs(outputs, router_top_k, mb["attention_mask"])
     head = _token_head(outputs, output)
     if fused is not None:
         head = head[:, -response_len - 1 : -1]

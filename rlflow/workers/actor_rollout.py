@@ -29,16 +29,11 @@ __all__ = ["ActorRolloutWorker"]
 
 
 def _router_top_k(actor: Any, module: torch.nn.Module) -> int | None:
-    """Experts per token of a mixture-of-experts actor whose router losses are on (None when they are off)."""
+    """Experts per token of a mixture-of-experts actor whose router losses are on (None when they are off);
+    that the model is one was checked before Ray started (`rlflow.config.megatron_checks`)."""
     if not (float(actor.moe_aux_loss_coef) or float(actor.moe_z_loss_coef)):
         return None
-    top_k = getattr(getattr(module, "config", None), "num_experts_per_tok", None)
-    if top_k is None:
-        raise ValueError(
-            "actor_rollout_ref.actor.moe_aux_loss_coef / moe_z_loss_coef need a mixture-of-experts model "
-            "(its config has num_experts_per_tok); this one is not"
-        )
-    return int(top_k)
+    return int(module.config.num_experts_per_tok)
 
 
 class ActorRolloutWorker(RoleWorker):

@@ -9,28 +9,16 @@ import torch
 
 from rlflow.parallel.distributed import spawn_workers
 from tests.engine.test_batch_invariance import VOCAB, _batch
+from tests.tiny_moe_model import tiny_moe_config
 
 AUX, Z = 0.5, 0.05
 
 
 def _moe_model():
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import Qwen3MoeForCausalLM
 
     torch.manual_seed(3)
-    cfg = Qwen3MoeConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        moe_intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        num_experts=4,
-        num_experts_per_tok=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
+    cfg = tiny_moe_config(VOCAB, 32, 64)
     cfg._attn_implementation = "sdpa"
     return Qwen3MoeForCausalLM(cfg).float()
 
