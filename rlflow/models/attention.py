@@ -293,10 +293,10 @@ def generation_attention_forward(
     prompts), copying the whole cache on every decoding step of every layer. Here a decoding step (one
     query token) folds the query heads that share a KV head into the query axis, ``(b, h, 1, d) ->
     (b, kv_heads, h / kv_heads, d)``: they see the same keys and the same mask row, so one SDPA call over
-    the un-repeated cache gives the same outputs. A prefill with a mask uses SDPA's ``enable_gqa`` on the
-    CPU (on CUDA that combination runs the math kernel, so transformers' repeat is kept there).
-    Everything else (no GQA, no mask, position biases, paged caches, per-head masks) is transformers' own
-    ``sdpa`` attention.
+    the un-repeated cache gives the same outputs (with or without a mask). A prefill with a mask uses SDPA's
+    ``enable_gqa`` on the CPU (on CUDA that combination runs the math kernel, so transformers' repeat is
+    kept there). Everything else (no GQA, a causal prefill without a mask, position biases, paged caches,
+    per-head masks) is transformers' own ``sdpa`` attention.
 
     Args:
         module: the attention module.
@@ -310,15 +310,14 @@ def generation_attention_forward(
     """
     b, heads, q_len, d = query.shape
     kv_heads = key.shape[1]
+    per_row_mask = attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[1] == 1)
     plain = (
         heads == kv_heads
-        or (
-            q_len > 1 and query.device.type != "cpu"
-        )  # CUDA SDPA with enable_gqa and a mask is the math kernel
         or heads % kv_heads
-        or attention_mask is None
-        or attention_mask.dim() != 4
-        or attention_mask.shape[1] != 1
+        or not per_row_mask
+        or (attention_mask is None and q_len > 1)  # a causal prefill: transformers' own call
+        # CUDA SDPA with enable_gqa and a mask is the math kernel
+        or (q_len > 1 and query.device.type != "cpu")
         or kwargs.get("position_bias") is not None
         or kwargs.get("cache") is not None
         or key.shape[-1] != value.shape[-1]
@@ -335,8 +334,10 @@ def generation_attention_forward(
             is_causal=is_causal,
             **kwargs,
         )
-    mask = attention_mask[:, :, :, : key.shape[2]]
+    mask = None if attention_mask is None else attention_mask[:, :, :, : key.shape[2]]
     if q_len == 1:
+        # also without a mask (no left padding): SDPA's enable_gqa path for one query token is ~5x slower
+        # than the folded call on the CPU in bf16 (docs/benchmarks.md)
         folded = query.reshape(b, kv_heads, heads // kv_heads, d)
         out = F.scaled_dot_product_attention(
             folded, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling

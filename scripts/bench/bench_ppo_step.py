@@ -24,10 +24,14 @@ Benches (the step geometry of docs/benchmarks.md, one optimizer step per rollout
 Layouts (`LAYOUTS`): ``default`` (the shipped demo layout: one rank per role with every core, token-budget
 micro-batches), ``2rank`` (two single-thread ranks), ``2rank-fixed`` (also fixed micro-batches: the
 demo's layout before 2026-12-04), ``fast`` (``default`` with micro-batches as large as the batch) and
-``bypass`` (``fast`` without the old-log-prob pass), alternated A B C, C B A,
-... for ``--rounds`` rounds. ``--vs-trl`` adds TRL's ``GRPOTrainer`` with the same model, prompts, reward and
-geometry (GRPO benches only: TRL 1.x has no PPO trainer), in its own process with both cores, alternated
-with the rlflow runs, and prints the ratio.
+``bypass`` (``fast`` without the old-log-prob pass) and ``bf16`` (``default`` computing in bf16),
+alternated A B C, C B A, ... for ``--rounds`` rounds. ``--vs-trl`` adds TRL's ``GRPOTrainer`` with the same
+model, prompts, reward and geometry (GRPO benches only: TRL 1.x has no PPO trainer), in its own process
+with both cores, alternated with the rlflow runs, in fp32 (``bf16=False``) and in TRL's default precision
+(bf16 autocast), with its other defaults (gradient checkpointing on), and prints the ratios.
+
+Variants that compute in bf16 get their roofline against the measured bf16 GEMM rate (on CPUs with native
+bf16 dot products, AVX512-BF16 or AMX, about twice the fp32 rate); the fp32 column stays for comparison.
 
     python scripts/bench/bench_ppo_step.py                                   # every bench, both layouts
     python scripts/bench/bench_ppo_step.py --bench grpo-1m --vs-trl --rounds 3
@@ -95,6 +99,11 @@ LAYOUTS: dict[str, list[str]] = {
         "reward_model.micro_batch_size_per_gpu=64",
     ],
 }
+# compute in bf16 (fp32 master weights and reductions): verl's and TRL's default precision
+LAYOUTS["bf16"] = [
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
+    "critic.fsdp_config.mixed_precision.param_dtype=bf16",
+]
 LAYOUTS["bypass"] = [
     *LAYOUTS["fast"],
     "actor_rollout_ref.rollout.calculate_log_probs=true",
@@ -104,7 +113,9 @@ LAYOUTS["bypass"] = [
 ``2rank``: two single-thread ranks per role, the same micro-batches. ``2rank-fixed``: also fixed
 micro-batches (``config/demo_two_ranks.yaml``, the demo's layout before 2026-12-04). ``fast``:
 ``default`` plus micro-batches as large as the batch (dynamic batching under a budget no bench reaches). ``bypass``: ``fast`` with the rollout's log-probs as the old policy's
-(``algorithm.rollout_correction.bypass_mode``: no ``compute_log_prob`` pass)."""
+(``algorithm.rollout_correction.bypass_mode``: no ``compute_log_prob`` pass). ``bf16``: ``default``
+computing in bf16 (actor, reference, critic, reward model and generation; fp32 master weights, gradients
+reduced in fp32): the precision verl and TRL train in by default."""
 
 PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
 ROLE_PROCESSES = {
@@ -264,7 +275,7 @@ config = GRPOConfig(
     output_dir=spec["out"], per_device_train_batch_size=spec["prompts"] * spec["n"],
     num_generations=spec["n"], max_completion_length=spec["response_length"],
     max_steps=spec["steps"], learning_rate=1e-4, logging_steps=1, report_to=[], save_strategy="no",
-    use_cpu=True, bf16=False, gradient_accumulation_steps=1, dataloader_num_workers=0,
+    use_cpu=True, bf16=spec["bf16"], gradient_accumulation_steps=1, dataloader_num_workers=0,
     disable_tqdm=True, seed=1, temperature=1.0,
 )
 tokenizer = AutoTokenizer.from_pretrained(spec["model"])
@@ -283,8 +294,11 @@ def trl_available() -> bool:
     return importlib.util.find_spec("trl") is not None
 
 
-def run_trl(bench: Bench, policy: Path, steps: int, warmup: int, out_dir: Path, log: Path) -> RunResult:
+def run_trl(
+    bench: Bench, policy: Path, steps: int, warmup: int, out_dir: Path, log: Path, bf16: bool
+) -> RunResult:
     spec = {
+        "bf16": bf16,
         "model": str(policy),
         "prompts": bench.prompts,
         "n": bench.n,
@@ -343,8 +357,10 @@ def report(
     bench: Bench,
     policy: Path,
     results: dict[str, list[RunResult]],
-    peak: float,
+    peaks: dict[str, float],
 ) -> list[str]:
+    """The bench's table; ``peaks``: the measured GEMM rate (FLOP/s) per compute precision (fp32, bf16)."""
+    peak = peaks["fp32"]
     lines = [f"### {name}: {bench.prompts} prompts x {bench.n}, {bench.response_length} response tokens"]
     first = next(iter(results.values()))[0]
     flops = (
@@ -358,6 +374,7 @@ def report(
         "s/step",
         "tokens/s",
         "roofline",
+        "roofline, own precision",
         *[f"{p} s" for p in PHASES],
         "peak RSS MiB per role",
     ]
@@ -367,6 +384,7 @@ def report(
         step = _median([r["timing_s/step"] for r in rows])
         tokens = _median([r.get("perf/total_num_tokens", float("nan")) for r in rows])
         roofline = step_flops / peak / step if step_flops else float("nan")
+        own = roofline * peak / peaks["bf16" if variant.endswith("bf16") else "fp32"]
         phases = []
         for p in PHASES:
             vals = [r[f"timing_s/{p}"] for r in rows if f"timing_s/{p}" in r]
@@ -378,7 +396,7 @@ def report(
         rss_text = ", ".join(f"{k} {v:.0f}" for k, v in rss.items()) or "-"
         tokens_text = f"{tokens / step:.0f}" if tokens == tokens else "-"  # TRL logs no token count
         lines.append(
-            f"| {variant} | {step:.3f} | {tokens_text} | {100 * roofline:.0f} % | "
+            f"| {variant} | {step:.3f} | {tokens_text} | {100 * roofline:.0f} % | {100 * own:.0f} % | "
             + " | ".join(phases)
             + f" | {rss_text} |"
         )
@@ -388,7 +406,8 @@ def report(
             "FLOPs per step (G): "
             + ", ".join(f"{p} {flops[p] / 1e9:.2f}" for p in PHASES if p in flops)
             + f"; total {step_flops / 1e9:.2f} G; roofline step time {step_flops / peak:.3f} s at "
-            f"{peak / 1e9:.0f} GFLOP/s",
+            f"{peak / 1e9:.0f} GFLOP/s (fp32), {step_flops / peaks['bf16']:.3f} s at {peaks['bf16'] / 1e9:.0f} "
+            "GFLOP/s (bf16)",
         ]
     variants = list(results)
     pairs = [(variants[0], other) for other in variants[1:] if not other.startswith("TRL")]
@@ -424,10 +443,16 @@ def main() -> None:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_ppo_step_"))
     work.mkdir(parents=True, exist_ok=True)
     cores = CORES
-    peak = measure_peak_flops("cpu", num_threads=cores)
+    import torch
+
+    peaks = {
+        "fp32": measure_peak_flops("cpu", num_threads=cores),
+        "bf16": measure_peak_flops("cpu", dtype=torch.bfloat16, num_threads=cores),
+    }
     print(
         f"machine: {platform.machine()}, {cores} cores, load average {os.getloadavg()[0]:.1f}; "
-        f"fp32 GEMM {peak / 1e9:.0f} GFLOP/s with {cores} threads; python {platform.python_version()}; "
+        f"GEMM {peaks['fp32'] / 1e9:.0f} GFLOP/s fp32, {peaks['bf16'] / 1e9:.0f} GFLOP/s bf16 with {cores} "
+        f"threads; python {platform.python_version()}; "
         f"work dir {work}\n"
     )
     for name in args.bench.split(","):
@@ -437,7 +462,7 @@ def main() -> None:
         if args.vs_trl and bench.estimator == "grpo":
             if not trl_available():
                 raise SystemExit("--vs-trl needs TRL: pip install trl")
-            variants.append("TRL GRPOTrainer")
+            variants += ["TRL GRPOTrainer", "TRL GRPOTrainer bf16"]
         results: dict[str, list[RunResult]] = {v: [] for v in variants}
         for round_ in range(args.rounds):
             order = variants if round_ % 2 == 0 else variants[::-1]
@@ -448,7 +473,9 @@ def main() -> None:
                 run_dir.parent.mkdir(parents=True, exist_ok=True)
                 total = args.warmup + args.steps
                 if variant.startswith("TRL"):
-                    result = run_trl(bench, policy, total, args.warmup, run_dir, log)
+                    result = run_trl(
+                        bench, policy, total, args.warmup, run_dir, log, variant.endswith("bf16")
+                    )
                 else:
                     layout = LAYOUTS[variant.split(" ", 1)[1]]
                     overrides = (
@@ -458,7 +485,7 @@ def main() -> None:
                 results[variant].append(result)
                 step = _median([r["timing_s/step"] for r in result.steps])
                 print(f"  {name} round {round_} {variant}: {step:.3f} s/step ({result.wall_s:.0f} s wall)")
-        print("\n".join(["", *report(name, bench, policy, results, peak), ""]))
+        print("\n".join(["", *report(name, bench, policy, results, peaks), ""]))
 
 
 if __name__ == "__main__":

@@ -50,8 +50,21 @@ def test_query_heads_use_their_own_kv_head():
     assert got[:, :, 2:].abs().max() == 0.0 and got[:, :, :2].abs().min() > 0.0
 
 
-def test_without_a_mask_it_is_transformers_sdpa():
-    query, key, value, _ = _inputs(1)
+def test_causal_prefill_without_a_mask_is_transformers_sdpa():
+    query, key, value, _ = _inputs(KV_LEN)
     expected, _ = sdpa_attention_forward(MODULE, query, key, value, None)
     got, _ = generation_attention_forward(MODULE, query, key, value, None)
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decoding_step_without_a_mask_folds_the_query_heads(dtype):
+    """No left padding (transformers passes no mask): the step still attends over the un-repeated cache,
+    and equals transformers' SDPA (in bf16 to bf16's resolution: outputs are convex combinations of values
+    of size ~1, so a few units of 2**-8)."""
+    query, key, value, _ = (t.to(dtype) for t in _inputs(1))
+    expected, _ = sdpa_attention_forward(MODULE, query.float(), key.float(), value.float(), None)
+    got, _ = generation_attention_forward(MODULE, query, key, value, None)
+    assert got.dtype == dtype and got.shape == (B, 1, HEADS, D)
+    tol = 1e-6 if dtype == torch.float32 else 4 * 2**-8
+    torch.testing.assert_close(got.float(), expected, rtol=0, atol=tol)
