@@ -26,8 +26,10 @@ micro-batches), ``2rank`` (two single-thread ranks), ``2rank-fixed`` (also fixed
 demo's layout before 2026-12-04), ``fast`` (``default`` with micro-batches as large as the batch) and
 ``bypass`` (``fast`` without the old-log-prob pass) and ``bf16`` (``default`` computing in bf16),
 alternated A B C, C B A, ... for ``--rounds`` rounds. ``--vs-trl`` adds TRL's ``GRPOTrainer`` with the same
-model, prompts, reward and geometry (GRPO benches only: TRL 1.x has no PPO trainer), in its own process
-with both cores, alternated with the rlflow runs, in fp32 (``bf16=False``) and in TRL's default precision
+model, prompts, reward and geometry, and ``PPOTrainer`` (policy, reference, value model from the policy's
+weights with a fresh head, the bench's reward model) for the PPO benches from the TRL release at
+``--trl-ppo-path`` (TRL 1.x removed ``PPOTrainer``; 0.29.1 has it as ``trl.experimental.ppo``), each in its
+own process with both cores, alternated with the rlflow runs, in fp32 (``bf16=False``) and in TRL's default precision
 (bf16 autocast), with its other defaults (gradient checkpointing on), and prints the ratios.
 
 Variants that compute in bf16 get their roofline against the measured bf16 GEMM rate (on CPUs with native
@@ -288,33 +290,109 @@ print("TRL_STEP_TIMES " + json.dumps(timer.times))
 """
 
 
-def trl_available() -> bool:
-    import importlib.util
+TRL_PPO_RUNNER = r"""
+import json, sys, time
+import torch
+from datasets import Dataset
+from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
+                          TrainerCallback)
+try:
+    from trl.experimental.ppo import PPOConfig, PPOTrainer
+except ImportError:
+    from trl import PPOConfig, PPOTrainer
 
-    return importlib.util.find_spec("trl") is not None
+from rlflow.data.tasks import ensure_task_files
+
+spec = json.loads(sys.argv[1])
+torch.set_num_threads(spec["threads"])
+import pandas as pd
+train, _ = ensure_task_files("arithmetic")
+frame = pd.read_parquet(train)
+tokenizer = AutoTokenizer.from_pretrained(spec["model"])
+rows = [{"input_ids": tokenizer.apply_chat_template(list(r["prompt"]), add_generation_prompt=True,
+                                                    tokenize=True, return_dict=False)}
+        for _, r in frame.iterrows()]
+dataset = Dataset.from_list([r for r in rows if len(r["input_ids"]) <= spec["max_prompt_length"]])
+
+class Timer(TrainerCallback):  # PPOTrainer calls no on_step_begin: time between step ends
+    def __init__(self): self.ends = []
+    def on_train_begin(self, *a, **k): self.ends.append(time.perf_counter())
+    def on_step_end(self, *a, **k): self.ends.append(time.perf_counter())
+
+config = PPOConfig(
+    output_dir=spec["out"], per_device_train_batch_size=spec["prompts"], num_mini_batches=1,
+    num_ppo_epochs=1, gradient_accumulation_steps=1, local_rollout_forward_batch_size=spec["prompts"],
+    response_length=spec["response_length"], total_episodes=spec["prompts"] * spec["steps"],
+    learning_rate=1e-4, temperature=1.0, stop_token="eos", num_sample_generations=0,
+    report_to=[], save_strategy="no", use_cpu=True, bf16=spec["bf16"], dataloader_num_workers=0,
+    disable_tqdm=True, seed=1,
+)
+policy = AutoModelForCausalLM.from_pretrained(spec["model"], attn_implementation="sdpa")
+ref = AutoModelForCausalLM.from_pretrained(spec["model"], attn_implementation="sdpa")
+value = AutoModelForSequenceClassification.from_pretrained(spec["model"], num_labels=1,
+                                                           attn_implementation="sdpa")
+reward_model = AutoModelForSequenceClassification.from_pretrained(spec["reward"], num_labels=1,
+                                                                  attn_implementation="sdpa")
+timer = Timer()
+trainer = PPOTrainer(args=config, processing_class=tokenizer, model=policy, ref_model=ref,
+                     reward_model=reward_model, train_dataset=dataset, value_model=value,
+                     callbacks=[timer])
+trainer.train()
+print("TRL_STEP_TIMES " + json.dumps([b - a for a, b in zip(timer.ends, timer.ends[1:])]))
+"""
+
+
+def trl_available(ppo: bool = False, path: str | None = None) -> bool:
+    """TRL importable (with ``path`` first on ``sys.path``); for ``ppo``, one that still has ``PPOTrainer``
+    (TRL <= 0.29: ``trl.experimental.ppo``; TRL 1.x removed it)."""
+    probe = "try:\n    import trl.experimental.ppo\nexcept ImportError:\n    from trl import PPOTrainer"
+    code = probe if ppo else "import trl"
+    return (
+        subprocess.run([sys.executable, "-c", code], env=_trl_env(path), capture_output=True).returncode == 0
+    )
+
+
+def _trl_env(path: str | None) -> dict[str, str]:
+    env = dict(os.environ, TRL_EXPERIMENTAL_SILENCE="1")
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (path, env.get("PYTHONPATH")) if p)
+    return env
 
 
 def run_trl(
-    bench: Bench, policy: Path, steps: int, warmup: int, out_dir: Path, log: Path, bf16: bool
+    bench: Bench,
+    models: tuple[Path, Path],
+    steps: int,
+    warmup: int,
+    out_dir: Path,
+    log: Path,
+    bf16: bool,
+    ppo_path: str | None = None,
 ) -> RunResult:
+    """One TRL run of ``bench`` (GRPOTrainer, or PPOTrainer for the PPO benches with ``ppo_path``'s TRL)."""
+    policy, reward = models
     spec = {
         "bf16": bf16,
         "model": str(policy),
+        "reward": str(reward),
         "prompts": bench.prompts,
         "n": bench.n,
         "response_length": bench.response_length,
+        "max_prompt_length": PROMPT_LENGTH,
         "steps": steps,
         "threads": CORES,
         "out": str(out_dir),
     }
+    ppo = bench.critic_ref_rm
     start = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.run(
-            [sys.executable, "-c", TRL_RUNNER, json.dumps(spec)],
+            [sys.executable, "-c", TRL_PPO_RUNNER if ppo else TRL_RUNNER, json.dumps(spec)],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=out,
             text=True,
+            env=_trl_env(ppo_path if ppo else None),
         )
     if proc.returncode != 0:
         raise SystemExit(f"TRL run failed (exit {proc.returncode}); see {log}")
@@ -433,7 +511,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=2, help="steps dropped at the start of every run")
     parser.add_argument("--rounds", type=int, default=2, help="alternated rounds of every variant")
-    parser.add_argument("--vs-trl", action="store_true", help="add TRL's GRPOTrainer (GRPO benches)")
+    parser.add_argument(
+        "--vs-trl", action="store_true", help="add TRL's GRPOTrainer / PPOTrainer, fp32 and bf16"
+    )
+    parser.add_argument(
+        "--trl-ppo-path",
+        default=None,
+        help="a directory holding a TRL release with PPOTrainer, put first on PYTHONPATH for the TRL PPO "
+        "runs (TRL 1.x has none: pip install --no-deps --target DIR trl==0.29.1)",
+    )
     parser.add_argument("--work-dir", default=None, help="models, runs and logs (default: a temp dir)")
     parser.add_argument("overrides", nargs="*", help="extra main_ppo overrides for every rlflow run")
     args = parser.parse_args()
@@ -459,10 +545,14 @@ def main() -> None:
         bench = BENCHES[name]
         policy, reward = build_models(bench.size, work / "models")
         variants = [f"rlflow {layout}" for layout in args.layouts.split(",")]
-        if args.vs_trl and bench.estimator == "grpo":
-            if not trl_available():
+        if args.vs_trl:
+            trainer = "PPOTrainer" if bench.critic_ref_rm else "GRPOTrainer"
+            if trl_available(bench.critic_ref_rm, args.trl_ppo_path):
+                variants += [f"TRL {trainer}", f"TRL {trainer} bf16"]
+            elif bench.critic_ref_rm:
+                print(f"  {name}: no TRL with PPOTrainer (TRL 1.x has none): see --trl-ppo-path; no TRL run")
+            else:
                 raise SystemExit("--vs-trl needs TRL: pip install trl")
-            variants += ["TRL GRPOTrainer", "TRL GRPOTrainer bf16"]
         results: dict[str, list[RunResult]] = {v: [] for v in variants}
         for round_ in range(args.rounds):
             order = variants if round_ % 2 == 0 else variants[::-1]
@@ -473,9 +563,9 @@ def main() -> None:
                 run_dir.parent.mkdir(parents=True, exist_ok=True)
                 total = args.warmup + args.steps
                 if variant.startswith("TRL"):
-                    result = run_trl(
-                        bench, policy, total, args.warmup, run_dir, log, variant.endswith("bf16")
-                    )
+                    bf16 = variant.endswith("bf16")
+                    models = (policy, reward)
+                    result = run_trl(bench, models, total, args.warmup, run_dir, log, bf16, args.trl_ppo_path)
                 else:
                     layout = LAYOUTS[variant.split(" ", 1)[1]]
                     overrides = (
