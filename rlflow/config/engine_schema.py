@@ -49,7 +49,8 @@ class OptimConfig:
 class MixedPrecisionSection:
     """``*.fsdp_config.mixed_precision``: dtypes FSDP computes, reduces and keeps buffers in
     (`rlflow.parallel.fsdp.mixed_precision_dtypes`). ``param_dtype: bf16`` with ``reduce_dtype: fp32``
-    is the usual GPU recipe; all fp32 is exact.
+    is the usual GPU recipe, and the fast one on CPUs with bf16 dot products (AVX512-BF16, AMX:
+    docs/benchmarks.md); all fp32 (the default) is exact.
 
     Attributes:
         param_dtype: compute dtype of the gathered parameters: fp32 | bf16 | fp16 (or float32, ...).
