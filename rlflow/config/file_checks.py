@@ -1,6 +1,6 @@
 """Checks that touch the file system or import user code, used last by `config_validate`: data files,
-local model/tokenizer paths, the resume directory, ``custom_reward_function`` and
-``algorithm.custom_advantage_function``."""
+local model/tokenizer paths, the resume directory, ``custom_reward_function``,
+``algorithm.custom_advantage_function`` and ``data.custom_cls``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from rlflow.algos.custom import load_custom_advantage_fn
 from rlflow.config.checks import value_at
+from rlflow.data.custom_dataset import load_dataset_class
 from rlflow.reward.custom import load_custom_reward_fn
 
 __all__ = ["check_files", "check_user_code"]
@@ -99,6 +100,8 @@ def _check_custom_advantage(cfg: DictConfig) -> None:
 
 
 def check_user_code(cfg: DictConfig) -> None:
-    """Import the custom reward and advantage functions, so a broken file fails before Ray starts."""
+    """Import the custom reward and advantage functions and the dataset class, so a broken file fails
+    before Ray starts (the dataset's items are checked when the trainer builds it, also before Ray)."""
     _check_custom_reward(cfg)
     _check_custom_advantage(cfg)
+    load_dataset_class(value_at(cfg, "data.custom_cls.path"), value_at(cfg, "data.custom_cls.name"))

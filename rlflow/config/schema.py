@@ -34,6 +34,7 @@ from rlflow.config.reward_schema import (
     RewardModelPathConfig,
 )
 from rlflow.config.rollout_schema import EngineKwargsSection, RolloutSection, ValKwargsSection
+from rlflow.config.sft_schema import CustomClassSection
 from rlflow.config.trainer_schema import RayInitConfig, TrainerConfig
 
 __all__ = [
@@ -103,6 +104,8 @@ class DataConfig:
         image_key / video_key: the columns verl's multimodal datasets keep images / videos in. rlflow
             trains text-only models: a row with a non-empty value there is refused, naming the file and
             row (the text would otherwise be trained on without its images).
+        custom_cls: ``path`` / ``name`` of a dataset class to build the training and validation sets with
+            instead of ``RLHFDataset`` (verl's key; `rlflow.data.custom_dataset`).
     """
 
     tokenizer: str | None = None
@@ -127,6 +130,7 @@ class DataConfig:
     trust_remote_code: bool = False
     image_key: str = "images"
     video_key: str = "videos"
+    custom_cls: CustomClassSection = field(default_factory=CustomClassSection)
 
 
 @dataclass

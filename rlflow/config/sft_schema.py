@@ -40,7 +40,8 @@ class MultiturnSection:
 
 @dataclass
 class CustomClassSection:
-    """``data.custom_cls`` (verl): a user dataset class; not supported (validation refuses it)."""
+    """``data.custom_cls`` (verl's key): a dataset class of the user's, ``name`` in the Python file ``path``.
+    PPO builds its datasets with it (`rlflow.data.custom_dataset`); the SFT trainer refuses it."""
 
     path: str | None = None
     name: str | None = None

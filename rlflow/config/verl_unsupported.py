@@ -30,10 +30,6 @@ VERL_UNSUPPORTED: dict[str, str] = {
         "records traces of chosen steps; drop it"
     ),
     **{f"critic.model.{key}": _CRITIC_LORA for key in ("lora_rank", "lora_alpha", "target_modules")},
-    "data.custom_cls": (
-        "a dataset class of your own (verl's multimodal recipes): rlflow's RLHFDataset reads parquet / jsonl "
-        "chat prompts (data.prompt_key) and is not replaceable; convert the data to that layout"
-    ),
     "data.sampling_ratios": (
         "per-file sampling ratios are not supported: the training files are concatenated and shuffled; "
         "repeat or subsample the files to weight them"

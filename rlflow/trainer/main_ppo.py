@@ -81,11 +81,13 @@ def _files(value: Any) -> list[str]:
 
 def build_data(config: PPOTrainerConfig, tokenizer: Any) -> tuple[Any, Any]:
     """Train and validation dataloaders (the train one is resumable)."""
-    from rlflow.data.rl_dataset import RLHFDataset, create_rl_dataloader
+    from rlflow.data.custom_dataset import build_rl_dataset, load_dataset_class
+    from rlflow.data.rl_dataset import create_rl_dataloader
 
     data = config.data
-    train = RLHFDataset(_files(data.train_files), tokenizer, data)
-    val = RLHFDataset(_files(data.val_files), tokenizer, data)
+    dataset_cls = load_dataset_class(data.custom_cls.path, data.custom_cls.name)
+    train = build_rl_dataset(dataset_cls, _files(data.train_files), tokenizer, data)
+    val = build_rl_dataset(dataset_cls, _files(data.val_files), tokenizer, data)
     workers = int(data.dataloader_num_workers)
     train_loader = create_rl_dataloader(
         train,

@@ -75,7 +75,6 @@ def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, me
             "rlflow's offload switch is critic.fsdp_config.param_offload",
         ),
         ("trainer.npu_profile.options.depth=2", "not an option of verl's NPU profiler section"),
-        ("data.custom_cls.path=x.py", "data.custom_cls.path: a dataset class of your own"),
         ("data.trust_remote_code=true", "set it to true as well"),  # the workers' switch is the model's
         ("+data.sampling_ratios=[0.5,0.5]", "per-file sampling ratios are not supported"),
         ("reward_model.strategy=fsdp", "the reward model runs as one full copy per rank"),

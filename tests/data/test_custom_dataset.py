@@ -1,0 +1,166 @@
+"""``data.custom_cls`` (verl's key): the user's dataset class builds the PPO training and validation
+sets; a wrong file, name or item layout is refused before Ray starts, naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlflow.config import load_config, to_typed, validate_config
+from rlflow.data.custom_dataset import build_rl_dataset, load_dataset_class
+from rlflow.data.io import read_rows, write_parquet
+from rlflow.data.rl_dataset import RLHFDataset
+from rlflow.data.tasks import ensure_task_files
+from rlflow.models.tiny import build_tiny_tokenizer
+
+DATASETS = '''
+from torch.utils.data import Dataset
+
+from rlflow.data.rl_dataset import RLHFDataset
+
+
+class FirstHalf(RLHFDataset):
+    """The first half of the rows, each item tagged."""
+
+    def __len__(self):
+        return super().__len__() // 2
+
+    def __getitem__(self, i):
+        item = super().__getitem__(i)
+        item["tag"] = f"half-{i}"
+        return item
+
+
+class VerlSignature(RLHFDataset):
+    """verl's constructor: (data_files, tokenizer, config, processor=None)."""
+
+    def __init__(self, data_files, tokenizer, config, processor=None):
+        self.processor_seen = ("given", processor)
+        super().__init__(data_files, tokenizer, config)
+
+
+class TextOnly(Dataset):
+    """Items without the padded prompt tensors."""
+
+    def __init__(self, data_files, tokenizer, config):
+        self.rows = [1, 2]
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        return {"text": "hello"}
+
+
+def not_a_class():
+    return None
+'''
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("custom_cls")
+    module = root / "my_datasets.py"
+    module.write_text(DATASETS)
+    train, val = ensure_task_files("repeat")
+    return {
+        "module": str(module),
+        "train": write_parquet(read_rows(train)[:20], root / "train.parquet"),
+        "val": write_parquet(read_rows(val)[:6], root / "val.parquet"),
+    }
+
+
+def _data(files: dict[str, str], name: str | None, path: str | None = None):
+    cfg = load_config(
+        [
+            f"data.train_files={files['train']}",
+            f"data.val_files={files['val']}",
+            f"data.custom_cls.path={path or files['module']}" if name else "data.custom_cls.path=null",
+            f"data.custom_cls.name={name}" if name else "data.custom_cls.name=null",
+            "data.max_prompt_length=64",
+            "data.train_batch_size=4",
+            "data.dataloader_num_workers=0",
+        ],
+        config_name="demo",
+    )
+    return cfg
+
+
+def test_the_class_builds_both_datasets(files):
+    from rlflow.trainer.main_ppo import build_data
+
+    config = to_typed(_data(files, "FirstHalf"))
+    train_loader, val_loader = build_data(config, build_tiny_tokenizer())
+    train, val = train_loader.dataset, val_loader.dataset
+    assert type(train).__name__ == "FirstHalf" and type(val).__name__ == "FirstHalf"
+    assert (len(train), len(val)) == (10, 3)
+    batch = next(iter(val_loader))
+    assert list(batch["tag"]) == ["half-0", "half-1", "half-2"]  # extra keys travel with the samples
+    assert tuple(batch["input_ids"].shape) == (3, 64)
+
+
+def test_default_is_rlhf_dataset_and_verl_signature_gets_no_processor(files):
+    assert load_dataset_class(None, None) is RLHFDataset
+    config = to_typed(_data(files, "VerlSignature")).data
+    cls = load_dataset_class(config.custom_cls.path, config.custom_cls.name)
+    dataset = build_rl_dataset(cls, [files["val"]], build_tiny_tokenizer(), config)
+    assert dataset.processor_seen == ("given", None) and len(dataset) == 6
+
+
+@pytest.mark.parametrize(
+    ("name", "path", "message"),
+    [
+        ("Missing", None, "data.custom_cls.name='Missing' is not defined in"),
+        ("not_a_class", None, "data.custom_cls.name='not_a_class' in"),
+        (
+            "FirstHalf",
+            "/nonexistent/datasets.py",
+            "data.custom_cls.path='/nonexistent/datasets.py': no such file",
+        ),
+    ],
+)
+def test_a_wrong_file_or_name_is_refused_before_ray(files, name, path, message):
+    with pytest.raises(ValueError, match=message):
+        validate_config(_data(files, name, path))
+
+
+def test_path_and_name_go_together(files):
+    with pytest.raises(ValueError, match=r"data.custom_cls.name must be set when data.custom_cls.path="):
+        validate_config(load_config([f"data.custom_cls.path={files['module']}"], config_name="demo"))
+    with pytest.raises(ValueError, match=r"data.custom_cls.name='FirstHalf' needs data.custom_cls.path"):
+        validate_config(load_config(["data.custom_cls.name=FirstHalf"], config_name="demo"))
+
+
+def test_items_without_the_prompt_tensors_are_refused(files):
+    from rlflow.trainer.main_ppo import build_data
+
+    config = to_typed(_data(files, "TextOnly"))
+    with pytest.raises(ValueError, match=r"data.custom_cls \(TextOnly\): item 0 has input_ids=NoneType"):
+        build_data(config, build_tiny_tokenizer())
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_a_ppo_step_trains_on_the_custom_dataset(files, tmp_path: Path):
+    from rlflow.trainer.main_ppo import run_ppo
+
+    cfg = load_config(
+        [
+            f"data.train_files={files['train']}",
+            f"data.val_files={files['val']}",
+            f"data.custom_cls.path={files['module']}",
+            "data.custom_cls.name=FirstHalf",
+            "data.train_batch_size=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "trainer.total_epochs=1",
+            "trainer.total_training_steps=null",
+            "trainer.test_freq=-1",
+            "trainer.val_before_train=false",
+            "trainer.logger=[console]",
+            f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+        ],
+        config_name="demo",
+    )
+    history = run_ppo(cfg)["history"]
+    assert [h["step"] for h in history] == [1]  # 10 items of FirstHalf, batches of 8, the last dropped
