@@ -8,9 +8,9 @@ subclass in it; the trainer builds the training and the validation set with it i
 one (verl's signature; rlflow trains text-only models). The usual way to write one is to subclass
 `RLHFDataset` and change what it reads or returns; its items must keep `RLHFDataset`'s layout (the
 left-padded ``input_ids`` / ``attention_mask`` / ``position_ids`` of ``data.max_prompt_length`` tokens and
-``raw_prompt_ids``; any other key travels with the sample to the reward function). The class is imported
-and the first item of the built dataset checked before Ray starts, so a wrong file, name or item layout
-fails at once with the key in the message.
+``raw_prompt_ids``; any other key stays with its sample in the batch's non-tensor data, as the row
+columns of `RLHFDataset` do). The class is imported and the first item of the built dataset checked
+before Ray starts, so a wrong file, name or item layout fails at once with the key in the message.
 """
 
 from __future__ import annotations
