@@ -15,6 +15,7 @@ import pytest
 
 from rlflow.config import load_config
 from rlflow.trainer.main_ppo import run_ppo
+from tests.trainer.test_e2e import _overrides
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 
@@ -24,15 +25,8 @@ def test_ppo_with_every_role_in_bf16(tmp_path: Path):
 
     rm_dir = save_tiny_reward_model(tmp_path / "rm")
     cfg = load_config(
-        [
-            "trainer.total_training_steps=2",
-            "trainer.test_freq=-1",
-            "trainer.val_before_train=false",
-            "trainer.logger=[jsonl]",
-            f"trainer.log_dir={tmp_path / 'logs'}",
-            f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-            "data.train_batch_size=8",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        _overrides(
+            tmp_path,
             "critic.ppo_mini_batch_size=4",
             "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
             "critic.fsdp_config.mixed_precision.param_dtype=bf16",
@@ -40,7 +34,7 @@ def test_ppo_with_every_role_in_bf16(tmp_path: Path):
             "algorithm.use_kl_in_reward=true",
             "reward_model.enable=true",
             f"reward_model.model.path={rm_dir}",
-        ],
+        ),
         config_name="demo",
     )
     history = run_ppo(cfg)["history"]
