@@ -33,6 +33,8 @@ __all__ = [
     "spawn_workers",
 ]
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -212,21 +214,51 @@ def _spawn_entry(local_rank: int, fn: Callable[..., Any], world_size: int, out_d
     os._exit(0)
 
 
-def spawn_workers(fn: Callable[..., Any], world_size: int, args: tuple = ()) -> list[Any]:
+def spawn_workers(
+    fn: Callable[..., Any], world_size: int, args: tuple = (), signal_retries: int = 1
+) -> list[Any]:
     """Run ``fn(rank, *args)`` in ``world_size`` fresh processes joined by a local process group.
 
     For tests and single-node experiments: each process gets ``RANK``/``WORLD_SIZE``/``MASTER_*``, one
     intra-op thread and `init_distributed`. ``fn`` must be importable (a module-level function) and its
     return value picklable with ``torch.save``. An exception in any process is re-raised here.
 
+    A rank killed by a signal (a native crash such as a heap-corruption abort inside gloo, seen once in a
+    full test run and not again) makes every rank run again, up to ``signal_retries`` times, with a
+    warning that names the rank, where it died and the signal; a crash that comes back fails the call.
+    Python exceptions and non-zero exits are never retried. With retries ``fn`` must be safe to run again
+    (the tests' and the warm start's are: a fresh computation per call); a training run passes 0
+    (`rlflow.trainer.main_sft`: an out-of-memory kill would only come back).
+
     Args:
         fn: ``fn(rank, *args)`` run on every rank.
         world_size: number of processes.
         args: extra positional arguments for ``fn``.
+        signal_retries: reruns after a rank dies by a signal (0: fail at once).
 
     Returns:
         The return values of ``fn``, indexed by rank.
     """
+    if signal_retries < 0:
+        raise ValueError(f"spawn_workers: signal_retries={signal_retries} must be >= 0")
+    retries = 0
+    while True:
+        try:
+            return _spawn_once(fn, world_size, args)
+        except _SignalDeath as death:
+            if retries == signal_retries:
+                raise RuntimeError(str(death)) from death.__cause__
+            retries += 1
+            logger.warning(
+                "%s; running all %d ranks again (retry %d of %d)", death, world_size, retries, signal_retries
+            )
+
+
+class _SignalDeath(Exception):
+    """A spawned rank was killed by a signal (`spawn_workers` may run the ranks again)."""
+
+
+def _spawn_once(fn: Callable[..., Any], world_size: int, args: tuple) -> list[Any]:
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as out_dir:
@@ -235,7 +267,10 @@ def spawn_workers(fn: Callable[..., Any], world_size: int, args: tuple = ()) -> 
         except mp.ProcessExitedException as exc:
             saved = os.path.exists(os.path.join(out_dir, f"rank{exc.error_index}.pt"))
             where = "after saving its result" if saved else f"inside {getattr(fn, '__name__', fn)!r}"
-            raise RuntimeError(f"spawned rank {exc.error_index} died {where}: {exc}") from exc
+            message = f"spawned rank {exc.error_index} died {where}: {exc}"
+            if getattr(exc, "signal_name", None):
+                raise _SignalDeath(message) from exc
+            raise RuntimeError(message) from exc
         return [
             torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)
         ]

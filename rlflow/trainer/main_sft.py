@@ -84,7 +84,7 @@ def run_sft(cfg: DictConfig | SFTConfig) -> dict[str, Any]:
                 dist.destroy_process_group()
     from rlflow.parallel.distributed import spawn_workers
 
-    return spawn_workers(_run_rank, world, args=(config,))[0]
+    return spawn_workers(_run_rank, world, args=(config,), signal_retries=0)[0]
 
 
 @hydra.main(config_path=str(config_dir()), config_name=SFT_CONFIG_NAME, version_base=None)
