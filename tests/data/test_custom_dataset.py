@@ -72,7 +72,7 @@ def files(tmp_path_factory) -> dict[str, str]:
 
 
 def _data(files: dict[str, str], name: str | None, path: str | None = None):
-    cfg = load_config(
+    return load_config(
         [
             f"data.train_files={files['train']}",
             f"data.val_files={files['val']}",
@@ -84,7 +84,6 @@ def _data(files: dict[str, str], name: str | None, path: str | None = None):
         ],
         config_name="demo",
     )
-    return cfg
 
 
 def test_the_class_builds_both_datasets(files):
@@ -112,7 +111,7 @@ def test_default_is_rlhf_dataset_and_verl_signature_gets_no_processor(files):
     ("name", "path", "message"),
     [
         ("Missing", None, "data.custom_cls.name='Missing' is not defined in"),
-        ("not_a_class", None, "data.custom_cls.name='not_a_class' in"),
+        ("not_a_class", None, "is a function, not a torch.utils.data.Dataset subclass"),
         (
             "FirstHalf",
             "/nonexistent/datasets.py",
