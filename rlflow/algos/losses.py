@@ -512,5 +512,7 @@ def compute_entropy_loss(
     )
 
 
-# GPG and GMPO live in their own module; importing it registers them next to the losses above.
+# GPG, GMPO, KL-Cov and Clip-Cov live in their own modules; importing them registers them next to the
+# losses above.
+from rlflow.algos import cov_losses as _cov_losses  # noqa: E402, F401
 from rlflow.algos import pg_variants as _pg_variants  # noqa: E402, F401

@@ -59,6 +59,7 @@ class PolicyLossCall:
                 f"advantages, response_mask, loss_agg_mode, config[, rollout_is_weights])"
             )
         self.takes_weights = var_keyword or "rollout_is_weights" in names
+        self._names, self._var_keyword = names, var_keyword
         self.takes_counts = var_keyword or all(k in names for k in _COUNT_KWARGS)
         if not self.takes_counts:
             logger.info(
@@ -77,6 +78,7 @@ class PolicyLossCall:
         config: Any,
         rollout_is_weights: torch.Tensor | None,
         counts: Mapping[str, Any],
+        extra: Mapping[str, Any] | None = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """One micro-batch's loss, the mini-batch-global aggregate, and its metrics.
 
@@ -86,9 +88,13 @@ class PolicyLossCall:
             config: the actor config.
             rollout_is_weights: ``(bs, response_len)`` or None.
             counts: `rlflow.engine.ppo_loop.loss_normalisers` of the mini-batch.
+            extra: further keyword arguments the loss needs (KL-Cov / Clip-Cov's ``cov_selected``).
 
         Returns:
             ``(pg_loss, metrics)``: the scalar loss and ``actor/...`` metrics (token-weighted means).
+
+        Raises:
+            TypeError: the loss takes none of ``extra``'s keywords.
         """
         info = GlobalBatchInfo(counts)
         config = _LossConfig(config, info)
@@ -102,6 +108,13 @@ class PolicyLossCall:
                 f"need a policy loss with a rollout_is_weights parameter; "
                 f"{self.name!r} has none"
             )
+        for key, value in (extra or {}).items():
+            if not (self._var_keyword or key in self._names):
+                raise TypeError(
+                    f"policy loss {self.name!r} ({getattr(self.fn, '__qualname__', self.fn)}) takes no {key!r} "
+                    f"argument, which its loss mode's selection over the mini-batch passes"
+                )
+            kwargs[key] = value
         out = self.fn(*args, **kwargs)
         pg_loss, metrics = self._unpack(out)
         if not self.takes_counts and not info.read:

@@ -201,9 +201,24 @@ class ModelConfig:
 
 @dataclass
 class PolicyLossConfig:
-    """``actor_rollout_ref.actor.policy_loss``: ``loss_mode`` names a `core_algos` registered policy loss."""
+    """``actor_rollout_ref.actor.policy_loss``: ``loss_mode`` names a registered policy loss
+    (`rlflow.algos.losses.register_policy_loss`); the other keys are read by the KL-Cov / Clip-Cov losses
+    (`rlflow.algos.cov_losses`, verl's keys and defaults).
+
+    Attributes:
+        loss_mode: vanilla | gspo | gpg | geo_mean | kl_cov | clip_cov | a loss registered by user code.
+        clip_cov_ratio: Clip-Cov: share of the mini-batch's valid tokens whose gradient is cut, in (0, 1].
+        clip_cov_lb / clip_cov_ub: Clip-Cov: the covariance interval the cut tokens are drawn from.
+        kl_cov_ratio: KL-Cov: share of the valid tokens (largest covariance) given the KL penalty, in (0, 1].
+        ppo_kl_coef: KL-Cov: weight of ``|log_prob - old_log_prob|`` on those tokens, >= 0.
+    """
 
     loss_mode: str = "vanilla"
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
 
 
 @dataclass

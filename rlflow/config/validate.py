@@ -342,7 +342,7 @@ def _check_actor(cfg: DictConfig) -> None:
         f"{ACTOR}.loss_agg_mode",
         AGG_LOSS_MODES,
     )
-    choice(cfg, f"{ACTOR}.policy_loss.loss_mode", tuple(POLICY_LOSS_REGISTRY))
+    _check_policy_loss(cfg)
     if flag(cfg, f"{ACTOR}.use_kl_loss"):
         kl_name(cfg, f"{ACTOR}.kl_loss_type")
         at_least(cfg, f"{ACTOR}.kl_loss_coef", 0.0, integer=False)
@@ -370,6 +370,23 @@ def _check_actor(cfg: DictConfig) -> None:
     _check_optim(cfg, f"{ACTOR}.optim")
     _check_fsdp(cfg, f"{ACTOR}.fsdp_config")
     _check_sharding(cfg, "actor_rollout_ref.ref.fsdp_config")
+
+
+def _check_policy_loss(cfg: DictConfig) -> None:
+    """``policy_loss.*``: a registered loss; the KL-Cov / Clip-Cov settings, all of them whatever the mode
+    (verl's defaults are valid)."""
+    pl = f"{ACTOR}.policy_loss"
+    choice(cfg, f"{pl}.loss_mode", tuple(POLICY_LOSS_REGISTRY))
+    for key in ("clip_cov_ratio", "kl_cov_ratio"):
+        ratio = positive(cfg, f"{pl}.{key}")
+        if ratio > 1:
+            raise ValueError(f"{pl}.{key}={ratio!r} must be in (0, 1]: a share of the mini-batch's tokens")
+    low, high = number(cfg, f"{pl}.clip_cov_lb"), number(cfg, f"{pl}.clip_cov_ub")
+    if not low < high:
+        raise ValueError(
+            f"{pl}.clip_cov_lb={low!r} must be < {pl}.clip_cov_ub={high!r} (a covariance interval)"
+        )
+    at_least(cfg, f"{pl}.ppo_kl_coef", 0.0, integer=False)
 
 
 def _check_critic(cfg: DictConfig) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlflow.algos.cov_losses import COV_LOSS_MODES, select_cov_tokens, token_keys
 from rlflow.algos.kl import compute_kl_loss
 from rlflow.algos.losses import agg_loss, compute_rollout_is_weights, get_policy_loss_fn
 from rlflow.algos.policy_loss_call import PolicyLossCall
@@ -102,6 +103,7 @@ class DataParallelPPOActor:
         self.torch_compile = bool(torch_compile)
         self.router_top_k = router_top_k
         self._router_losses: tuple[Any, Any] = (None, None)  # of the last training forward
+        self._mini_batch_seed = 0  # KL-Cov / Clip-Cov: seeds the draw of the current mini-batch
         self.skipped_steps = 0
 
     # ---- hooks (verl's names) --------------------------------------------------------------------------
@@ -229,6 +231,7 @@ class DataParallelPPOActor:
         data = select_update_batch(data, keys)
         if "rollout_rs_mask" in data.batch.keys():  # algorithm.rollout_correction's rejection
             data.batch["response_mask"] = data.batch["response_mask"] * data.batch.pop("rollout_rs_mask")
+        self._mini_batch_seed = (self.update.seed + step) * 1_000_003
         metrics, skipped = run_update(
             data, self.update, step, self._accumulate_mini_batch, self._optimizer_step, self.dp_group, "actor"
         )
@@ -242,6 +245,9 @@ class DataParallelPPOActor:
         norm = loss_normalisers(mini.batch, self.dp_group)
         mode, entropy_coeff = cfg.loss_agg_mode, float(cfg.entropy_coeff)
         policy_loss = self._policy_loss()
+        self._mini_batch_seed += 1
+        if self.reinforce is None and policy_loss.name in COV_LOSS_MODES:
+            mini.batch["cov_selected"] = self._select_cov_tokens(mini, policy_loss.name)
         micro = split_micro_batches(mini.batch, self.update.micro, self.sync_group)
         on_policy = "old_log_probs" not in mini.batch.keys()
         router_tokens = (
@@ -267,8 +273,9 @@ class DataParallelPPOActor:
                 pg_loss = self._reinforce_loss(mb, log_probs, mode, norm, acc)
                 pg_metrics = {}
             else:
+                extra = {"cov_selected": mb["cov_selected"]} if "cov_selected" in mb.keys() else None
                 pg_loss, pg_metrics = policy_loss(
-                    old_log_probs, log_probs, mb["advantages"], mask, mode, cfg, is_weights, norm
+                    old_log_probs, log_probs, mb["advantages"], mask, mode, cfg, is_weights, norm, extra
                 )
             loss = pg_loss
             if entropy_coeff != 0:
@@ -286,6 +293,39 @@ class DataParallelPPOActor:
             acc.add_rank_share("actor/pg_loss", pg_loss)
             for key, value in pg_metrics.items():
                 acc.add(key, value, weight=n_tok)
+
+    @torch.no_grad()
+    def _select_cov_tokens(self, mini: DataProto, loss_mode: str) -> torch.Tensor:
+        """KL-Cov / Clip-Cov's tokens of one mini-batch, chosen over all its micro-batches and data-parallel
+        ranks (`rlflow.algos.cov_losses`): one forward pass over its micro-batches gives the current
+        log-probs (the weights the loss will see: they change only at the mini-batch's optimizer step).
+
+        Returns:
+            ``(mini_bs, response_len)`` bool, in the mini-batch's order.
+        """
+        batch = mini.batch
+        micro = split_micro_batches(
+            batch.select(*[k for k in FORWARD_KEYS if k in batch.keys()]), self.update.micro, self.sync_group
+        )
+        log_probs = micro.restore(
+            [self._forward_micro_batch(mb, self.temperature)[1] for mb in micro.batches]
+        )
+        old_log_probs = batch["old_log_probs"] if "old_log_probs" in batch.keys() else log_probs
+        keys = None
+        if loss_mode == "clip_cov":
+            keys = token_keys(
+                batch["input_ids"], batch["attention_mask"], log_probs.shape[-1], self._mini_batch_seed
+            )
+        return select_cov_tokens(
+            loss_mode,
+            batch["advantages"],
+            log_probs,
+            old_log_probs,
+            batch["response_mask"],
+            self.config,
+            keys=keys,
+            group=self.dp_group,
+        )
 
     def _router_loss(self, mb: Any, tokens: float, dp_size: int, acc: MetricAccumulator) -> torch.Tensor:
         """``moe_aux_loss_coef * aux + moe_z_loss_coef * z`` of the last forward, weighted by the micro-batch's

@@ -12,6 +12,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from rlflow.config import load_config, to_typed, validate_config
@@ -193,6 +194,7 @@ def test_every_key_is_read_or_refused(tmp_path, monkeypatch):
         "algorithm.rollout_correction.rollout_rs_threshold=3.0",
         "algorithm.rollout_correction.rollout_rs_threshold_lower=0.2",
         "algorithm.rollout_correction.rollout_token_veto_threshold=1e-4",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=kl_cov",  # its two keys
     ]
     reads |= _run_and_collect(grpo)
     import mlflow
@@ -210,6 +212,10 @@ def test_every_key_is_read_or_refused(tmp_path, monkeypatch):
 
     typed = to_typed(load_config([], config_name="demo_two_ranks"))  # labelled: tracking is on
     vllm_engine_kwargs(typed.actor_rollout_ref.rollout, "model")  # the vLLM-only keys
+    from rlflow.algos.cov_losses import select_cov_tokens
+
+    ones = torch.ones(2, 3)  # Clip-Cov's keys (the runs above use vanilla and KL-Cov)
+    select_cov_tokens("clip_cov", ones, -ones, -ones, ones, typed.actor_rollout_ref.actor)
     reads |= config_reads()
     reads |= _interpolation_sources(reads)
 

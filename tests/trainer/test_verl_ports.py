@@ -319,3 +319,30 @@ def test_the_reward_loop_script_keeps_its_reward_model_settings(reward_model_dir
                 load_config([*_environment(verl_scripts.PPO_QWEN2_7B_RM, reward_model_dir), override]),
                 build_warm_start=False,
             )
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_kl_cov_and_clip_cov_run_two_steps_on_a_grpo_port(tmp_path):
+    """verl's entropy-mechanism losses on a GRPO port with two mini-batches per step and dynamic batch
+    sizes over 2 ranks: each mini-batch's tokens are chosen over both ranks with the weights of that
+    mini-batch (the second after the first's optimizer step). KL-Cov with the entropy recipe's settings
+    (kl_cov_ratio 0.002, ppo_kl_coef 1, clip_ratio_c 10) penalises max(1, 0.2 % of the tokens): at least
+    one; Clip-Cov with its covariance interval opened to (-5, 5) cuts max(1, 5 % of the tokens)."""
+    actor = "actor_rollout_ref.actor"
+    for mode, settings in (
+        ("kl_cov", ["kl_cov_ratio=0.002", "ppo_kl_coef=1.0"]),
+        ("clip_cov", ["clip_cov_ratio=0.05", "clip_cov_lb=-5.0", "clip_cov_ub=5.0"]),
+    ):
+        overrides = [
+            *GRPO_QWEN2_7B_SEQ_BALANCE,
+            *_local(tmp_path / mode),
+            f"{actor}.clip_ratio_c=10.0",
+            f"{actor}.policy_loss.loss_mode={mode}",
+            *[f"{actor}.policy_loss.{s}" for s in settings],
+        ]
+        for h in _steps(run_ppo(load_config(overrides))["history"]):
+            for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss"):
+                assert math.isfinite(h[key]), (mode, key)
+            # 8 prompts x 5 responses of up to 8 tokens, two mini-batches: a share of <= 160 tokens each
+            assert 1 / 160 <= h["actor/pg_clipfrac"] <= (0.1 if mode == "clip_cov" else 0.05), (mode, h)
