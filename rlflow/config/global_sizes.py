@@ -14,6 +14,12 @@ changed.
 * ``critic.ppo_micro_batch_size``, ``critic.forward_micro_batch_size`` -> ``..._per_gpu`` (the critic's);
 * ``reward_model.micro_batch_size`` -> ``reward_model.micro_batch_size_per_gpu`` (the world size).
 
+``data.gen_batch_size`` without dynamic sampling: verl's loader hands out batches of
+``data.gen_batch_size`` prompts and, with ``algorithm.filter_groups`` off, every step trains on all of them
+(``data.train_batch_size`` then sizes nothing). `step_size_from_gen_batch_size` (also run by
+``prepare_config``) gives such a config that meaning explicitly: the step's size becomes
+``data.gen_batch_size``, with a warning naming both values.
+
 The data-parallel size of a role is its world size divided by its Ulysses size; the critic's world is
 ``critic.world_size`` (the actor's when null); the reward model runs on every rank without SP.
 """
@@ -24,7 +30,12 @@ import logging
 
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["GLOBAL_MICRO_BATCH_KEYS", "convert_global_micro_batch_sizes", "role_world_size"]
+__all__ = [
+    "GLOBAL_MICRO_BATCH_KEYS",
+    "convert_global_micro_batch_sizes",
+    "role_world_size",
+    "step_size_from_gen_batch_size",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -92,4 +103,31 @@ def convert_global_micro_batch_sizes(cfg: DictConfig) -> DictConfig:
         logger.info(
             "%s=%d (global) -> %s=%d (%d data-parallel ranks)", key, value, per_gpu_key, value // dp, dp
         )
+    return cfg
+
+
+def step_size_from_gen_batch_size(cfg: DictConfig) -> DictConfig:
+    """With ``algorithm.filter_groups.enable=false`` and ``data.gen_batch_size != data.train_batch_size``,
+    set ``data.train_batch_size`` to ``data.gen_batch_size`` (verl trains on every prompt of a generation
+    round when it does not filter) and log a warning; in place. Values of the wrong type are left to
+    validation.
+    """
+    gen = OmegaConf.select(cfg, "data.gen_batch_size")
+    train = OmegaConf.select(cfg, "data.train_batch_size")
+    if OmegaConf.select(cfg, "algorithm.filter_groups.enable") is not False:
+        return cfg
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in (gen, train)) or gen == train:
+        return cfg
+    logger.warning(
+        "data.gen_batch_size=%d with algorithm.filter_groups.enable=false: every step trains on all %d prompts "
+        "of its generation round, as verl does, so data.train_batch_size=%d becomes %d (for a step of %d "
+        "prompts drawn from rounds of %d, turn algorithm.filter_groups on)",
+        gen,
+        gen,
+        train,
+        gen,
+        train,
+        gen,
+    )
+    OmegaConf.update(cfg, "data.train_batch_size", gen, merge=False)
     return cfg

@@ -139,9 +139,10 @@ def check_filter_groups(cfg: DictConfig) -> None:
     if not flag(cfg, f"{prefix}.enable"):
         if gen != train:
             raise ValueError(
-                f"data.gen_batch_size={gen} differs from data.train_batch_size={train}: a generation round "
-                f"larger than the step is for dynamic sampling; set {prefix}.enable=true or drop "
-                "data.gen_batch_size"
+                f"data.gen_batch_size={gen} differs from data.train_batch_size={train} with {prefix}.enable="
+                f"false: rounds of a size other than the step's are for dynamic sampling ({prefix}.enable=true); "
+                "the trainer (prepare_config) reads this config as verl does, every step training on all "
+                "data.gen_batch_size prompts (rlflow.config.global_sizes.step_size_from_gen_batch_size)"
             )
         return
     metric = value_at(cfg, f"{prefix}.metric")

@@ -86,9 +86,10 @@ class DataConfig:
         max_prompt_length: padded prompt length (tokens, after the chat template).
         max_response_length: generated tokens per response (the rollout's ``response_length``).
         train_batch_size: prompts per step (each gets actor_rollout_ref.rollout.n responses).
-        gen_batch_size: prompts per generation round (the loader's batch). Equal to ``train_batch_size``
-            unless ``algorithm.filter_groups`` is on: then rounds are generated until ``train_batch_size``
-            prompts with informative groups are kept.
+        gen_batch_size: prompts per generation round (the loader's batch). With ``algorithm.filter_groups``
+            on, rounds are generated until ``train_batch_size`` prompts with informative groups are kept;
+            off, every step trains on the whole round, as verl does: the trainer then sets
+            ``train_batch_size`` to this value, with a warning (`rlflow.config.global_sizes`).
         val_batch_size: prompts per validation batch; None evaluates the whole validation set at once.
         return_raw_chat: also hand the chat messages to the workers (``raw_prompt``).
         return_full_prompt: also hand the templated prompt text (``full_prompts``).

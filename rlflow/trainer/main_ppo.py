@@ -32,12 +32,13 @@ __all__ = ["build_trainer", "main", "prepare_config", "run_ppo"]
 
 
 def prepare_config(cfg: DictConfig, build_warm_start: bool = True) -> DictConfig:
-    """Apply the critic config file, turn verl's global micro-batch sizes into per-rank ones, fill the
+    """Apply the critic config file, turn verl's global micro-batch sizes into per-rank ones (and a
+    ``data.gen_batch_size`` without dynamic sampling into the step's size, as verl reads it), fill the
     embedded defaults (the warm-started tiny model of ``data.task``; the synthetic task files) and validate — all before any Ray actor starts. Raises
     ``ValueError`` naming the key path. A warm start is built (once, into the cache) only after the
     config validated: it has the architecture of ``rlflow://tiny``, which stands in for it until then
     (and afterwards too with ``build_warm_start=False``: `rlflow.trainer.check_config`)."""
-    from rlflow.config.global_sizes import convert_global_micro_batch_sizes
+    from rlflow.config.global_sizes import convert_global_micro_batch_sizes, step_size_from_gen_batch_size
     from rlflow.config.megatron_checks import check_router_losses
     from rlflow.data.tasks import ensure_task_files
     from rlflow.models.loader import load_model_config
@@ -45,7 +46,7 @@ def prepare_config(cfg: DictConfig, build_warm_start: bool = True) -> DictConfig
     from rlflow.trainer.warm_start import ensure_warm_start, warm_start_task
     from rlflow.utils.import_utils import import_external_libs
 
-    cfg = convert_global_micro_batch_sizes(apply_critic_config_file(cfg))
+    cfg = convert_global_micro_batch_sizes(step_size_from_gen_batch_size(apply_critic_config_file(cfg)))
     import_external_libs(cfg.actor_rollout_ref.model.external_lib)  # registers names validation checks
     model, task = cfg.actor_rollout_ref.model, str(cfg.data.task)
     critic = cfg.critic.model

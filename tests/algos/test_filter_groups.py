@@ -119,3 +119,27 @@ def test_dynamic_sampling_settings_are_checked(overrides, message):
     with pytest.raises(ValueError, match=r"algorithm\.filter_groups|data\.gen_batch_size") as err:
         _config(*overrides)
     assert message in str(err.value)
+
+
+def test_gen_batch_size_without_filtering_is_the_steps_size_as_verl_reads_it(caplog):
+    """verl's loader yields rounds of data.gen_batch_size prompts and, without filter_groups, trains on all
+    of them: the trainer's prepare_config makes that the step's size, with a warning; with dynamic sampling
+    on, the two sizes keep their meanings."""
+    from rlflow.trainer.main_ppo import prepare_config
+
+    sizes = [
+        "data.train_batch_size=4",
+        "data.gen_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    ]
+    with caplog.at_level("WARNING", logger="rlflow.config.global_sizes"):
+        cfg = prepare_config(load_config(sizes, config_name="demo_two_ranks"), build_warm_start=False)
+    assert (cfg.data.train_batch_size, cfg.data.gen_batch_size) == (8, 8)
+    assert "data.train_batch_size=4 becomes 8" in caplog.text
+    assert to_typed(cfg).data.train_batch_size == 8  # two mini-batches of 4 prompts per step
+    caplog.clear()
+    filtering = [*sizes, "algorithm.adv_estimator=grpo", "algorithm.filter_groups.enable=true"]
+    filtering += ["algorithm.filter_groups.metric=acc", "actor_rollout_ref.rollout.n=2"]
+    cfg = prepare_config(load_config(filtering, config_name="demo_two_ranks"), build_warm_start=False)
+    assert (cfg.data.train_batch_size, cfg.data.gen_batch_size) == (4, 8)
+    assert "becomes" not in caplog.text
