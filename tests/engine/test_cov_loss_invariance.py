@@ -1,6 +1,6 @@
 """KL-Cov and Clip-Cov in the actor's update: the tokens they act on are chosen over the whole mini-batch,
 so the loss and the reduced gradient do not depend on micro-batch size, dynamic batching, remove-padding,
-FSDP world size or Ulysses size (DESIGN invariant 1; the harness of `test_batch_invariance`: fp32, gloo,
+FSDP world size, FSDP1 vs FSDP2 or Ulysses size (DESIGN invariant 1; the harness of `test_batch_invariance`: fp32, gloo,
 SGD(lr=1) so the parameter change is the gradient)."""
 
 from __future__ import annotations
@@ -12,7 +12,11 @@ from rlflow.parallel.distributed import spawn_workers
 from tests.engine.test_batch_invariance import _assert_grads_close, _batch, _build, _shard
 
 VARIANTS_W1 = [("ref", dict(micro=8)), ("micro1", dict(micro=1)), ("rmpad_dyn", dict(dynamic=24, rmpad=True))]
-VARIANTS_W2 = [("fsdp2_w2", dict(micro=2)), ("sp2_dyn", dict(dynamic=32, rmpad=True, sp=2))]
+VARIANTS_W2 = [
+    ("fsdp2_w2", dict(micro=2)),
+    ("fsdp1_w2", dict(micro=4, strategy="fsdp")),
+    ("sp2_dyn", dict(dynamic=32, rmpad=True, sp=2)),
+]
 # ratios large enough that the 23 valid tokens of the batch give several selected tokens
 LOSSES = {
     "vanilla": {},
