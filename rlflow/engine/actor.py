@@ -186,7 +186,11 @@ class DataParallelPPOActor:
                 ``old_log_probs`` may be left out when the update is on-policy (one epoch, one
                 mini-batch: `rlflow.config.update_is_on_policy`): each micro-batch's own detached
                 log-probs are then the old policy's, exactly.
-            step: the training step (seeds the mini-batch shuffle).
+            step: the training step (seeds the mini-batch shuffle and Clip-Cov's draw).
+
+        With ``policy_loss.loss_mode`` ``kl_cov`` / ``clip_cov`` each mini-batch first runs one forward pass
+        without gradient over its micro-batches, and the tokens those losses act on are chosen over the
+        whole mini-batch on every data-parallel rank (`rlflow.algos.cov_losses`).
 
         Returns:
             Metrics averaged over mini-batches: ``actor/pg_loss``, ``actor/pg_clipfrac``,
