@@ -54,6 +54,8 @@ _HASH_PRIME = 2_147_483_629  # < 2**31: products of two residues fit in int64
 
 
 def _group_size(group: Any) -> int:
+    """Ranks of ``group``; 1 for None, which here means "this call's tokens only" (not the default group,
+    as in `rlflow.engine.ppo_loop.group_size`): a loss called without a selection selects locally."""
     return dist.get_world_size(group) if group is not None and dist.is_initialized() else 1
 
 
@@ -77,11 +79,18 @@ def token_covariance(
     Returns:
         ``(bs, response_len)`` float64 ``(A_t - mean(A)) * (log_prob_t - mean(log_prob))``, 0 on masked tokens.
     """
+    return _covariance_and_count(advantages, log_prob, response_mask, group)[0]
+
+
+def _covariance_and_count(
+    advantages: torch.Tensor, log_prob: torch.Tensor, response_mask: torch.Tensor, group: Any
+) -> tuple[torch.Tensor, int]:
+    """`token_covariance` and the number of valid tokens over ``group`` (one all-reduce for both)."""
     mask = response_mask.to(torch.float64)
     adv, logp = advantages.detach().to(torch.float64), log_prob.detach().to(torch.float64)
     sums = _global_sum([(adv * mask).sum(), (logp * mask).sum(), mask.sum()], group)
     n = sums[2].clamp(min=1.0)
-    return (adv - sums[0] / n) * (logp - sums[1] / n) * mask
+    return (adv - sums[0] / n) * (logp - sums[1] / n) * mask, int(sums[2])
 
 
 def _global_kth(values: torch.Tensor, k: int, largest: bool, group: Any) -> torch.Tensor:
@@ -157,8 +166,7 @@ def select_cov_tokens(
         raise ValueError(f"select_cov_tokens: loss_mode must be one of {COV_LOSS_MODES}, got {loss_mode!r}")
     check_shapes("select_cov_tokens", response_mask, advantages=advantages, log_prob=log_prob)
     valid = response_mask.bool()
-    cov = token_covariance(advantages, log_prob, response_mask, group)
-    n_valid = int(_global_sum([valid.sum()], group)[0])
+    cov, n_valid = _covariance_and_count(advantages, log_prob, response_mask, group)
     if n_valid == 0:
         return torch.zeros_like(valid)
     pl = config.policy_loss
