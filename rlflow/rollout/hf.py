@@ -12,6 +12,8 @@ How one ``generate_sequences`` call runs:
    (True) or keeps its memory for the next one (False).
 2. **Decoding.** Our own loop over a ``DynamicCache``: one prefill forward over the (left-padded,
    common-padding-trimmed) prompts, then one forward per new token. Finished rows emit the pad id.
+   The ``n`` samples of a prompt share its prefill (one forward per prompt, then its KV cache is
+   repeated) whenever a micro-batch holds whole groups of ``n``.
    ``scripts/bench/bench_generate.py`` compares it with ``model.generate``; numbers in
    ``docs/rollout.md``.
 3. **Sampling** (`rlflow.rollout.sampling`): temperature, top-k, top-p, then inverse-CDF sampling with
@@ -99,9 +101,17 @@ def decode(
     keys: torch.Tensor,
     eos_token_ids: Sequence[int],
     pad_token_id: int,
+    repeats: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generate up to ``params.response_length`` tokens for one micro-batch with the KV cache (allocated
     once, `rlflow.rollout.kv_cache.PreallocatedCache`, for full-attention decoders).
+
+    With ``repeats > 1`` each prompt row stands for ``repeats`` consecutive output rows (``n`` samples per
+    prompt, as ``DataProto.repeat(n, interleave=True)`` lays them out). The prompt is then run through the
+    model once and its KV cache and last logits are repeated, instead of prefilling ``repeats`` identical
+    copies: the prefill costs ``1 / repeats`` of its FLOPs (the samples draw with their own ``keys`` from the
+    first token on). A cache that cannot be repeated in place (not a `PreallocatedCache`) gets repeated
+    prompts, i.e. the plain path.
 
     A row that produces an EOS leaves the batch (its KV-cache rows are dropped), so later steps cost
     only what the unfinished rows need; its remaining tokens are the pad id. Decoding stops when every
@@ -114,25 +124,36 @@ def decode(
         attention_mask: ``(rows, prompt_len)`` 1 on prompt tokens.
         position_ids: ``(rows, prompt_len)`` positions (0 at each row's first real token).
         params: sampling parameters.
-        keys: ``(rows,)`` sampling keys of these rows.
+        keys: ``(rows * repeats,)`` sampling keys of the output rows.
         eos_token_ids: ids that end a response (may be empty: always full length).
         pad_token_id: id written after a row's EOS.
+        repeats: output rows per prompt row (consecutive).
 
     Returns:
-        ``responses``: ``(rows, steps)`` int64 and ``log_probs``: ``(rows, steps)`` float32 (0 after EOS),
-        with ``steps <= params.response_length`` the number of decoding steps run.
+        ``responses``: ``(rows * repeats, steps)`` int64 and ``log_probs``: ``(rows * repeats, steps)``
+        float32 (0 after EOS), with ``steps <= params.response_length`` the number of decoding steps run.
     """
+    if repeats < 1:
+        raise ValueError(f"decode: repeats={repeats} must be >= 1")
     input_ids, attention_mask, position_ids = _trim_left_padding(input_ids, attention_mask, position_ids)
-    rows, length, device = input_ids.shape[0], params.response_length, input_ids.device
+    config = getattr(model, "config", None)
+    shared_prefill = config is not None and supports_preallocated_cache(config)
+    if repeats > 1 and not shared_prefill:
+        input_ids, attention_mask, position_ids = (
+            t.repeat_interleave(repeats, dim=0) for t in (input_ids, attention_mask, position_ids)
+        )
+        repeats = 1
+    rows, length, device = input_ids.shape[0] * repeats, params.response_length, input_ids.device
+    if keys.shape[0] != rows:
+        raise ValueError(f"decode: {keys.shape[0]} sampling keys for {rows} output rows")
     responses = torch.full((rows, length), pad_token_id, dtype=torch.int64, device=device)
     log_probs = torch.zeros((rows, length), dtype=torch.float32, device=device)
     eos = torch.tensor(list(eos_token_ids), dtype=torch.int64, device=device)
     stop = eos[:0] if params.ignore_eos else eos
     active = torch.arange(rows, device=device)  # original row of each row still decoding
-    config = getattr(model, "config", None)
     cache = (
         PreallocatedCache(config.get_text_config(decoder=True).num_hidden_layers, input_ids.shape[1] + length)
-        if config is not None and supports_preallocated_cache(config)
+        if shared_prefill
         else None
     )
     out = model(
@@ -143,10 +164,15 @@ def decode(
         use_cache=True,
         logits_to_keep=1,
     )
-    cache, position = out.past_key_values, position_ids[..., -1:]
+    cache, position, logits = out.past_key_values, position_ids[..., -1:], out.logits[:, -1, :]
+    if repeats > 1:
+        cache.batch_repeat_interleave(repeats)
+        logits, attention_mask, position = (
+            t.repeat_interleave(repeats, dim=0) for t in (logits, attention_mask, position)
+        )
     for t in range(length):
         banned = eos if t < params.min_tokens else None
-        token, log_prob = sample_next_token(out.logits[:, -1, :].float(), params, keys, t, banned)
+        token, log_prob = sample_next_token(logits.float(), params, keys, t, banned)
         responses[active, t] = token
         log_probs[active, t] = log_prob
         finished = torch.isin(token, stop)
@@ -167,7 +193,7 @@ def decode(
             past_key_values=cache,
             use_cache=True,
         )
-        cache = out.past_key_values
+        cache, logits = out.past_key_values, out.logits[:, -1, :]
     return responses, log_probs  # only reached when response_length == 0 (rejected by the config)
 
 
@@ -453,11 +479,15 @@ class HFRollout(BaseRollout):
         keys = row_keys(self.config.seed, self._step_id(prompts.meta_info), first, rows)
         self._num_calls += 1
         step = self.config.micro_batch_size or max(rows, 1)
+        # the n samples of a prompt share one prefill when a micro-batch holds whole groups of them
+        repeats = params.n if params.n > 1 and step % params.n == 0 else 1
+        source = prompts if repeats > 1 else batch
         responses, log_probs = [], []
         with self.generation_model() as model:
             device = next(model.parameters()).device
             for start in range(0, rows, step):
-                part = batch.batch[start : start + step].to(device)
+                first_prompt = start // repeats
+                part = source.batch[first_prompt : first_prompt + step // repeats].to(device)
                 tokens, lps = decode(
                     model,
                     part["input_ids"],
@@ -467,6 +497,7 @@ class HFRollout(BaseRollout):
                     keys[start : start + step].to(device),
                     eos,
                     pad,
+                    repeats=repeats,
                 )
                 responses.append(_pad_right(tokens, params.response_length, pad))
                 log_probs.append(_pad_right(lps, params.response_length, 0.0))

@@ -130,6 +130,34 @@ def test_n_interleaves_and_matches_manual_repeat(model, tokens):
     assert all(not torch.equal(g[0], g[1]) and not torch.equal(g[1], g[2]) for g in groups)
 
 
+@pytest.mark.parametrize(("micro_batch_size", "prefill_rows"), [(None, [4]), (6, [2, 2]), (4, [4, 4, 4])])
+def test_n_samples_share_one_prefill(model, tokens, micro_batch_size, prefill_rows):
+    """The n samples of a prompt are prefilled once (the KV cache and first logits are repeated) when a
+    micro-batch holds whole groups; otherwise (4 rows for n=3) each repeated row is prefilled. Either
+    way the samples are those of prompts repeated by hand."""
+    seen: list[int] = []
+
+    def record_prefill(_module, _args, kwargs):
+        if kwargs["input_ids"].shape[1] > 1:
+            seen.append(kwargs["input_ids"].shape[0])
+
+    kw = {"temperature": 1.0, "seed": 5, "calculate_log_probs": True, "micro_batch_size": micro_batch_size}
+    # an EOS id that some of these samples draw early, so rows leave the repeated cache mid-way
+    probe = _generate(model, tokens, meta={"eos_token_id": 2}, n=3, **kw).batch["responses"]
+    meta = {"eos_token_id": int(probe[:, 1:4].flatten().mode().values)}
+    handle = model.register_forward_pre_hook(record_prefill, with_kwargs=True)
+    try:
+        out = _generate(model, tokens, meta=meta, n=3, **kw).batch
+    finally:
+        handle.remove()
+    assert seen == prefill_rows
+    manual = _generate(model, [t for t in tokens for _ in range(3)], meta=meta, **kw).batch
+    assert torch.equal(out["responses"], manual["responses"])
+    assert torch.equal(out["response_mask"], manual["response_mask"])
+    assert (out["response_mask"] == 0).any()  # some rows finished early: the repeated cache drops rows too
+    assert (out["rollout_log_probs"] - manual["rollout_log_probs"]).abs().max() <= 1e-6
+
+
 def test_seeded_determinism_and_micro_batch_invariance(model, tokens):
     kw = {"temperature": 0.9, "top_p": 0.95, "calculate_log_probs": True, "seed": 11}
     meta = {"eos_token_id": 2, "global_steps": 4}
