@@ -154,6 +154,10 @@ class ModelConfig:
             None = ``rlflow://tiny-sft``, the tiny model warm-started on ``data.task`` (rlflow.trainer.warm_start).
         attn_implementation: auto | sdpa | eager | flash_attention_2 (see `rlflow.models.loader`).
         use_remove_padding: pack the valid tokens of a micro-batch into one row (no padding compute).
+        use_shared_prompts: with remove-padding, pack the samples of a prompt that share a micro-batch
+            (the ``n`` responses of GRPO, RLOO, ...) with one copy of the prompt: its forward and
+            backward run once, not ``n`` times (`rlflow.models.padding.unpad_shared_prompts`); the same
+            log-probs, values and gradients up to float rounding. Actor, reference and critic.
         enable_gradient_checkpointing: recompute each decoder layer in the backward (keeps one
             activation per layer).
         enable_activation_offload: the actor's update keeps the activations its forward saves for the
@@ -187,6 +191,7 @@ class ModelConfig:
     trust_remote_code: bool = False
     attn_implementation: str = "sdpa"
     use_remove_padding: bool = True
+    use_shared_prompts: bool = True
     enable_gradient_checkpointing: bool = True
     enable_activation_offload: bool = False
     override_config: dict[str, Any] = field(default_factory=dict)
@@ -362,6 +367,7 @@ class CriticModelConfig:
     Attributes:
         override_config: HF config attributes replaced when the value model is built.
         enable_activation_offload: as the actor's (``actor_rollout_ref.model``), for the critic's update.
+        use_shared_prompts: as the actor's, for the critic's forwards (follows the actor's).
     """
 
     path: str | None = II("actor_rollout_ref.model.path")
@@ -369,6 +375,7 @@ class CriticModelConfig:
     trust_remote_code: bool = False
     attn_implementation: str = II("actor_rollout_ref.model.attn_implementation")
     use_remove_padding: bool = II("actor_rollout_ref.model.use_remove_padding")
+    use_shared_prompts: bool = II("actor_rollout_ref.model.use_shared_prompts")
     enable_gradient_checkpointing: bool = True
     enable_activation_offload: bool = False
     override_config: dict[str, Any] = field(default_factory=dict)

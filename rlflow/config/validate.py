@@ -295,6 +295,7 @@ def _check_model(cfg: DictConfig, prefix: str) -> None:
         tuple(ATTN_IMPLEMENTATIONS),
     )
     flag(cfg, f"{prefix}.use_remove_padding")
+    flag(cfg, f"{prefix}.use_shared_prompts")
 
 
 FUSED_KERNEL_BACKENDS = ("torch",)

@@ -60,6 +60,8 @@ class DataParallelPPOActor:
         temperature: log-probs are ``log_softmax(logits / temperature)`` (the rollout's log-prob
             temperature, `rlflow.rollout.base.logprob_temperature`).
         use_remove_padding: packed (remove-padding) forwards.
+        share_prompts: with remove-padding, the samples of a prompt in a micro-batch are packed with one
+            copy of the prompt (`rlflow.models.padding.unpad_shared_prompts`; ``model.use_shared_prompts``).
         dp_group / sp_group / sync_group: data-parallel group (loss normalisers), Ulysses group, and the
             ranks that run the same number of micro-batches (the FSDP world).
         reinforce: ``algorithm.rollout_correction`` when its ``use_policy_gradient`` is on: the policy
@@ -82,6 +84,7 @@ class DataParallelPPOActor:
         log_prob: MicroBatchSpec = _WHOLE_PASS,
         temperature: float = 1.0,
         use_remove_padding: bool = False,
+        share_prompts: bool = False,
         dp_group: Any = None,
         sp_group: Any = None,
         sync_group: Any = None,
@@ -98,6 +101,7 @@ class DataParallelPPOActor:
         self.log_prob = log_prob
         self.temperature = float(temperature)
         self.use_remove_padding = bool(use_remove_padding)
+        self.share_prompts = bool(share_prompts)
         self.dp_group, self.sp_group, self.sync_group = dp_group, sp_group, sync_group
         self.reinforce = reinforce
         self.torch_compile = bool(torch_compile)
@@ -132,6 +136,7 @@ class DataParallelPPOActor:
             calculate_entropy=calculate_entropy,
             compiled=self.torch_compile,
             router_top_k=self.router_top_k if self.actor_module.training else None,  # the update's forwards
+            share_prompts=self.share_prompts,
         )
         self._router_losses = (out.get("moe_aux_loss"), out.get("moe_z_loss"))
         return out.get("entropy"), out["log_probs"]

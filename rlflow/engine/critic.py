@@ -50,6 +50,8 @@ class DataParallelPPOCritic:
         update: per-rank sizes of `update_critic` (`rlflow.engine.batching.critic_update_spec`).
         forward: micro-batching of `compute_values` (``forward_*`` keys of the section).
         use_remove_padding: packed (remove-padding) forwards.
+        share_prompts: with remove-padding, the samples of a prompt in a micro-batch are packed with one
+            copy of the prompt (`rlflow.models.padding.unpad_shared_prompts`; ``model.use_shared_prompts``).
         dp_group: process group of the data-parallel ranks (``None``: all ranks hold different data).
         sp_group: Ulysses group (``None`` or size 1: no sequence parallelism).
         sync_group: every rank that must run the same number of forward passes (the FSDP world).
@@ -64,6 +66,7 @@ class DataParallelPPOCritic:
         update: UpdateSpec | None = None,
         forward: MicroBatchSpec = _WHOLE_PASS,
         use_remove_padding: bool = False,
+        share_prompts: bool = False,
         dp_group: Any = None,
         sp_group: Any = None,
         sync_group: Any = None,
@@ -74,6 +77,7 @@ class DataParallelPPOCritic:
         self.update = update
         self.forward = forward
         self.use_remove_padding = bool(use_remove_padding)
+        self.share_prompts = bool(share_prompts)
         self.dp_group, self.sp_group, self.sync_group = dp_group, sp_group, sync_group
         self.skipped_steps = 0
 
@@ -92,6 +96,7 @@ class DataParallelPPOCritic:
             output="values",
             use_remove_padding=self.use_remove_padding,
             sp_group=self.sp_group,
+            share_prompts=self.share_prompts,
         )
         return out["values"]
 

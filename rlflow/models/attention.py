@@ -9,6 +9,11 @@ the same model then serves three kinds of forward:
   ``rlflow.models.padding.unpad_micro_batch``): the sequences are found from ``position_ids`` (a new
   sequence wherever the position does not grow by exactly 1, the rule transformers and flash-attn use) and
   attention stays inside each sequence. Exact with or without a cache.
+* **Shared prompts** (``rlflow.models.padding.unpad_shared_prompts``): a sequence whose first position is
+  ``p > 0`` is a *branch* of the latest sequence that started at 0 (its *root*): it attends to the root's
+  first ``p`` tokens and then causally to itself, exactly as if those ``p`` tokens preceded it. The ``n``
+  samples of a prompt are packed as one root (prompt and first response) and ``n - 1`` branches, so the
+  prompt runs once. Causal attention only.
 * **Ulysses SP** (an SP group set with ``rlflow.parallel.ulysses.ulysses_group``): each rank holds a slice of
   the packed row; q, k, v go through an all-to-all (gather sequence, scatter heads), every rank attends over
   the full sequence for ``heads / sp`` heads, and the inverse all-to-all brings back its own slice.
@@ -55,6 +60,7 @@ __all__ = [
     "generation_attention_forward",
     "packed_attention_forward",
     "packed_sequence_lengths",
+    "packed_sequences",
     "register_packed_attention",
     "set_packed_attention",
 ]
@@ -67,6 +73,28 @@ PACKED_ATTENTION_ALIASES = ("ulysses_sdpa",)
 _HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None
 
 
+def packed_sequences(position_ids: torch.Tensor) -> list[list[tuple[int, int]]]:
+    """The sequences packed in each row (a new one wherever the position step is not 1).
+
+    Args:
+        position_ids: (b, s) packed positions, ``0, 1, ...`` for each sequence (a branch of a shared prompt
+            starts at its prefix length instead, see the module docstring).
+
+    Returns:
+        For each of the ``b`` rows, ``(length, first position)`` of its sequences in order (the lengths sum
+        to ``s``).
+    """
+    starts = torch.diff(position_ids, dim=-1, prepend=position_ids[..., :1] - 1) != 1
+    starts[..., 0] = True
+    s = position_ids.shape[-1]
+    out = []
+    for row, pos in zip(starts.cpu(), position_ids.cpu()):
+        idx = torch.nonzero(row).flatten().tolist()
+        firsts = pos[idx].tolist()
+        out.append([(b - a, f) for (a, b), f in zip(itertools.pairwise([*idx, s]), firsts)])
+    return out
+
+
 def packed_sequence_lengths(position_ids: torch.Tensor) -> list[list[int]]:
     """Lengths of the sequences packed in each row (a new one wherever the position step is not 1).
 
@@ -76,14 +104,7 @@ def packed_sequence_lengths(position_ids: torch.Tensor) -> list[list[int]]:
     Returns:
         For each of the ``b`` rows, the lengths of its sequences in order (they sum to ``s``).
     """
-    starts = torch.diff(position_ids, dim=-1, prepend=position_ids[..., :1] - 1) != 1
-    starts[..., 0] = True
-    s = position_ids.shape[-1]
-    lengths = []
-    for row in starts.cpu():
-        idx = [*torch.nonzero(row).flatten().tolist(), s]
-        lengths.append([b - a for a, b in itertools.pairwise(idx)])
-    return lengths
+    return [[length for length, _ in row] for row in packed_sequences(position_ids)]
 
 
 def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -132,8 +153,17 @@ class _PackedLayout:
     key: weakref.ref
     group: Any
     position_ids: torch.Tensor
-    lengths: list[list[int]]
+    sequences: list[list[tuple[int, int]]]
     cu_seqlens: dict[str, Any] = field(default_factory=dict)
+    branch_masks: dict[tuple[int, int, str], torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def lengths(self) -> list[list[int]]:
+        return [[length for length, _ in row] for row in self.sequences]
+
+    @property
+    def has_branches(self) -> bool:
+        return any(first > 0 for row in self.sequences for _, first in row)
 
 
 _LAYOUT: _PackedLayout | None = None
@@ -149,7 +179,7 @@ def _packed_layout(position_ids: torch.Tensor, group: Any) -> _PackedLayout:
     if _LAYOUT is None or _LAYOUT.key() is not position_ids or _LAYOUT.group is not group:
         with torch.no_grad():
             full = gather_outputs_and_unpad(position_ids, gather_dim=-1, group=group)
-        _LAYOUT = _PackedLayout(weakref.ref(position_ids), group, full, packed_sequence_lengths(full))
+        _LAYOUT = _PackedLayout(weakref.ref(position_ids), group, full, packed_sequences(full))
     return _LAYOUT
 
 
@@ -191,6 +221,80 @@ def _per_sequence_sdpa(
     return torch.cat(rows, dim=0)
 
 
+def _branch_mask(branches: list[tuple[int, int]], prefix: int, device: torch.device) -> torch.Tensor:
+    """Boolean mask (tokens of the branches, prefix + tokens of the branches) for branches of one root:
+    a token of branch ``j`` (length ``l_j``, prefix ``p_j``) sees the root's first ``p_j`` keys and the
+    tokens of branch ``j`` up to itself."""
+    lengths = torch.tensor([length for length, _ in branches], device=device)
+    prefixes = torch.tensor([first for _, first in branches], device=device)
+    seg = torch.repeat_interleave(torch.arange(len(branches), device=device), lengths)
+    idx = torch.arange(seg.shape[0], device=device)
+    sees_prefix = torch.arange(prefix, device=device)[None, :] < prefixes[seg][:, None]
+    sees_branch = (seg[:, None] == seg[None, :]) & (idx[None, :] <= idx[:, None])
+    return torch.cat([sees_prefix, sees_branch], dim=1)
+
+
+def _root_groups(sequences: list[tuple[int, int]], row: int) -> list[tuple[int, list[tuple[int, int]]]]:
+    """``(root length, its branches)`` for the sequences of one packed row, checked."""
+    groups: list[tuple[int, list[tuple[int, int]]]] = []
+    for length, first in sequences:
+        if first == 0:
+            groups.append((length, []))
+        elif not groups:
+            raise ValueError(
+                f"packed row {row}: a sequence starting at position {first} follows no sequence that starts "
+                "at 0 (shared-prompt branches need their root before them)"
+            )
+        elif first > groups[-1][0]:
+            raise ValueError(
+                f"packed row {row}: a branch shares {first} prompt tokens of a {groups[-1][0]}-token sequence"
+            )
+        else:
+            groups[-1][1].append((length, first))
+    return groups
+
+
+def _shared_prefix_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: _PackedLayout,
+    dropout: float,
+    scaling: Any,
+) -> torch.Tensor:
+    """Causal attention over packed rows holding roots and their branches (see the module docstring):
+    per root, one causal SDPA call over the root and one masked call over all its branches (their
+    queries against the root's shared prefix and their own keys). q (b, h, s, d), k/v (b, h, s, d).
+
+    Each row is cut with one ``split`` (its backward is one concatenation, where a slice per sequence
+    would scatter into a zero tensor of the whole row each)."""
+    rows = []
+    for b, sequences in enumerate(layout.sequences):
+        groups = _root_groups(sequences, b)
+        spans = [n for root, branches in groups for n in (root, sum(length for length, _ in branches))]
+        chunks = list(zip(*(t[b : b + 1].split(spans, dim=2) for t in (q, k, v))))
+        outs = []
+        for g, (_, branches) in enumerate(groups):
+            (qr, kr, vr), (qb, kb, vb) = chunks[2 * g], chunks[2 * g + 1]
+            outs.append(
+                F.scaled_dot_product_attention(qr, kr, vr, dropout_p=dropout, is_causal=True, scale=scaling)
+            )
+            if not branches:
+                continue
+            prefix = max(first for _, first in branches)
+            key = (b, g, str(q.device))
+            if key not in layout.branch_masks:
+                layout.branch_masks[key] = _branch_mask(branches, prefix, q.device)
+            kb, vb = torch.cat([kr[:, :, :prefix], kb], dim=2), torch.cat([vr[:, :, :prefix], vb], dim=2)
+            outs.append(
+                F.scaled_dot_product_attention(
+                    qb, kb, vb, attn_mask=layout.branch_masks[key], dropout_p=dropout, scale=scaling
+                )
+            )
+        rows.append(torch.cat(outs, dim=2))
+    return torch.cat(rows, dim=0)
+
+
 def _packed_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -201,6 +305,15 @@ def _packed_attention(
     causal: bool,
 ) -> torch.Tensor:
     """Attention inside each full packed sequence: q (b, h, s, d), k/v (b, h_kv, s, d) -> (b, h, s, d)."""
+    if layout.has_branches:
+        if not causal:
+            raise ValueError(
+                "shared-prompt packing (sequences that branch off a prompt) needs causal attention"
+            )
+        if k.shape[1] != q.shape[1]:
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        return _shared_prefix_sdpa(q, k, v, layout, dropout, scaling)
     if _HAS_FLASH_ATTN and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[0] == 1:
         return _flash_varlen(q, k, v, layout, dropout_p=dropout, softmax_scale=scaling, causal=causal)
     return _per_sequence_sdpa(q, k, v, layout, dropout, scaling, causal)

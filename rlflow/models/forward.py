@@ -36,7 +36,7 @@ from tensordict import TensorDictBase
 from rlflow.algos.moe import router_losses
 from rlflow.models.attention import PACKED_ATTENTION, PACKED_ATTENTION_ALIASES  # registers "rlflow_packed"
 from rlflow.models.fused_head import fused_head_of
-from rlflow.models.padding import gather_response_outputs, pad_input, unpad_micro_batch
+from rlflow.models.padding import gather_response_outputs, pad_input, unpad_micro_batch, unpad_shared_prompts
 from rlflow.parallel.ulysses import (
     gather_outputs_and_unpad,
     get_ulysses_sequence_parallel_rank,
@@ -141,6 +141,12 @@ def _check_attn_implementation(module: torch.nn.Module, sp_size: int) -> None:
         )
 
 
+def _reads_shared_prompts(module: torch.nn.Module) -> bool:
+    """Whether the model's attention keeps shared-prompt branches apart (`rlflow.models.attention`)."""
+    impl = getattr(getattr(module, "config", None), "_attn_implementation", None)
+    return impl in _ULYSSES_ATTN_IMPLEMENTATIONS
+
+
 def _fused_outputs(head: torch.Tensor, calculate_entropy: bool) -> dict[str, torch.Tensor]:
     """Split the fused head's ``(..., 2)`` output (`rlflow.models.fused_head`) into the named outputs."""
     result = {"log_probs": head[..., 0]}
@@ -224,10 +230,20 @@ def _packed_token_outputs(
     sp_group: Any,
     compiled: bool = False,
     router_top_k: int | None = None,
+    share_prompts: bool = False,
 ) -> tuple[dict[str, torch.Tensor], Any, dict[str, torch.Tensor]]:
     """Per-token outputs ``(total_tokens,)`` of the packed (and SP-sliced, then gathered) forward, and its
-    router losses (when ``router_top_k`` is set; every packed token is a valid one)."""
-    packed = unpad_micro_batch(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
+    router losses (when ``router_top_k`` is set; every packed token is a valid one). ``share_prompts``:
+    rows with the same prompt are packed with the prompt once (`unpad_shared_prompts`) when the model's
+    attention reads such rows (``"rlflow_packed"``); router losses are means over the packed tokens, so
+    they keep the plain packing."""
+    packed = None
+    if share_prompts and router_top_k is None and output != "scores" and _reads_shared_prompts(module):
+        packed = unpad_shared_prompts(
+            mb["input_ids"], mb["attention_mask"], mb["position_ids"], mb["responses"].shape[1]
+        )
+    if packed is None:
+        packed = unpad_micro_batch(mb["input_ids"], mb["attention_mask"], mb["position_ids"])
     sp_size = get_ulysses_sequence_parallel_world_size(sp_group)
     ids, pos, labels, pad = packed.input_ids, packed.position_ids, packed.labels, 0
     if sp_size > 1:
@@ -273,6 +289,7 @@ def forward_micro_batch(
     calculate_entropy: bool = False,
     compiled: bool = False,
     router_top_k: int | None = None,
+    share_prompts: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Run ``module`` on one padded micro-batch and return response-aligned outputs.
 
@@ -293,6 +310,10 @@ def forward_micro_batch(
             (`rlflow.utils.logit_blocks`; ``use_torch_compile``); the fused head has its own kernels.
         router_top_k: a mixture-of-experts model's experts per token: the forward also returns the router
             losses of its valid tokens (`rlflow.algos.moe.router_losses`); None = none. Not with SP > 1.
+        share_prompts: with ``use_remove_padding``, rows that share their prompt (the ``n`` samples of a
+            prompt) are packed with one copy of it (`rlflow.models.padding.unpad_shared_prompts`): the
+            prompt's forward and backward run once per group. The same outputs (to float rounding); used
+            with ``"rlflow_packed"`` attention for ``"log_probs"`` and ``"values"`` without router losses.
 
     Returns:
         ``{"log_probs": (bs, response_len)[, "entropy": (bs, response_len)]}``, ``{"values": (bs,
@@ -314,7 +335,15 @@ def forward_micro_batch(
         )
     _check_attn_implementation(module, sp_size)
     tokens, packed, router = _packed_token_outputs(
-        module, micro_batch, output, temperature, calculate_entropy, sp_group, compiled, router_top_k
+        module,
+        micro_batch,
+        output,
+        temperature,
+        calculate_entropy,
+        sp_group,
+        compiled,
+        router_top_k,
+        share_prompts,
     )
     bs, seqlen = packed.batch_size, packed.seqlen
     if output == "scores":

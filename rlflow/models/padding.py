@@ -32,6 +32,7 @@ __all__ = [
     "pad_input",
     "unpad_input",
     "unpad_micro_batch",
+    "unpad_shared_prompts",
 ]
 
 
@@ -169,6 +170,89 @@ def unpad_micro_batch(
         indices=indices,
         cu_seqlens=cu_seqlens,
         max_seqlen=max_seqlen,
+        batch_size=batch,
+        seqlen=seqlen,
+    )
+
+
+def _prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int) -> list[list[int]]:
+    """Rows with identical prompt columns (ids and mask), grouped in order of first appearance."""
+    key = torch.cat(
+        [input_ids[:, :prompt_len] * attention_mask[:, :prompt_len], attention_mask[:, :prompt_len]], 1
+    )
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    groups: dict[int, list[int]] = {}
+    for row, g in enumerate(inverse.tolist()):
+        groups.setdefault(g, []).append(row)
+    return list(groups.values())
+
+
+def unpad_shared_prompts(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int
+) -> PackedMicroBatch | None:
+    """Pack a padded micro-batch into one row with each distinct prompt once (the ``n`` samples of a prompt).
+
+    For each group of rows with the same prompt columns, the first row is packed whole (its *root*: prompt
+    and response), and every other row as a *branch*: its last prompt token (which predicts the first
+    response token) followed by its response tokens, at their own positions. The branch starts at position
+    ``p = prompt tokens - 1 > 0``, which is how ``"rlflow_packed"`` attention knows it shares the root's
+    first ``p`` tokens (`rlflow.models.attention`); every packed token then computes what it computes in
+    its own sequence, and the prompt's forward and backward run once per group instead of once per row.
+
+    The result is read like :func:`unpad_micro_batch`'s: ``labels`` are the next packed token (the first
+    response token after a branch's prompt token), and :func:`gather_response_outputs` with its
+    ``indices`` gives the same ``(bs, response_len)`` outputs. ``cu_seqlens`` / ``max_seqlen`` count each
+    row's packed tokens in packing order.
+
+    Args:
+        input_ids: (bs, seqlen) token ids: prompts left-padded, responses right-padded.
+        attention_mask: (bs, seqlen) 1 at valid tokens.
+        position_ids: (bs, seqlen) positions, ``0, 1, 2, ...`` on the valid tokens of each row.
+        response_length: response columns at the end of each row.
+
+    Returns:
+        The packed micro-batch, or None when no two rows share a prompt, a row's last prompt column is
+        padding, or a prompt is a single token (nothing to share): pack it with :func:`unpad_micro_batch`.
+    """
+    batch, seqlen = input_ids.shape
+    _check_mask(attention_mask, batch, seqlen)
+    prompt_len = seqlen - response_length
+    if not 0 < prompt_len < seqlen:
+        raise ValueError(f"response_length must be in (0, seqlen={seqlen}), got {response_length}")
+    valid = attention_mask.bool()
+    if not bool(valid[:, prompt_len - 1].all()) or int(valid[:, :prompt_len].sum(-1).min()) < 2:
+        return None
+    groups = _prompt_groups(input_ids, attention_mask, prompt_len)
+    if len(groups) == batch:
+        return None
+    base = torch.arange(batch, device=input_ids.device)[:, None] * seqlen
+    cols = torch.arange(seqlen, device=input_ids.device)[None, :].expand(batch, seqlen)
+    branch = valid.clone()
+    branch[:, : prompt_len - 1] = False  # a branch keeps its last prompt token and its response
+    parts = []
+    for rows in groups:
+        parts.append(cols[rows[0]][valid[rows[0]]] + base[rows[0]])
+        parts.extend(cols[r][branch[r]] + base[r] for r in rows[1:])
+    indices = torch.cat(parts)
+    seqlens = torch.tensor([len(p) for p in parts], dtype=torch.int32, device=input_ids.device)
+    cu_seqlens = torch.nn.functional.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
+    ids = input_ids.reshape(-1)[indices]
+    pos = position_ids.reshape(-1)[indices]
+    starts = torch.repeat_interleave(cu_seqlens[:-1].long(), seqlens.long())
+    expected = pos[starts] + torch.arange(pos.shape[0], device=pos.device) - starts
+    roots = cu_seqlens[:-1].long()[[sum(len(g) for g in groups[:k]) for k in range(len(groups))]]
+    if bool((pos != expected).any()) or bool((pos[roots] != 0).any()):
+        raise ValueError(
+            "position_ids are not 0, 1, 2, ... on the valid tokens of every row (attention_mask == 1); "
+            "packed attention would split or merge sequences"
+        )
+    return PackedMicroBatch(
+        input_ids=ids.unsqueeze(0),
+        position_ids=pos.unsqueeze(0),
+        labels=torch.roll(ids, shifts=-1, dims=0).unsqueeze(0),
+        indices=indices,
+        cu_seqlens=cu_seqlens,
+        max_seqlen=int(seqlens.max()),
         batch_size=batch,
         seqlen=seqlen,
     )

@@ -76,6 +76,7 @@ class ActorRolloutWorker(RoleWorker):
             ),
             temperature=logprob_temperature(rollout.temperature),
             use_remove_padding=arr.model.use_remove_padding,
+            share_prompts=arr.model.use_shared_prompts,
             reinforce=correction if correction.use_policy_gradient else None,
             torch_compile=resolve_torch_compile(actor.use_torch_compile, self.device),
             router_top_k=_router_top_k(actor, self.module),

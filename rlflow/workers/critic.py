@@ -62,6 +62,7 @@ class CriticWorker(RoleWorker):
                 dims.sp_size,
             ),
             use_remove_padding=critic.model.use_remove_padding,
+            share_prompts=critic.model.use_shared_prompts,
             **self._groups(),
         )
         spec = self.config.algorithm.custom_advantage_function

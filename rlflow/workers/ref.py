@@ -42,6 +42,7 @@ class RefWorker(RoleWorker):
             ),
             temperature=logprob_temperature(arr.rollout.temperature),
             use_remove_padding=arr.model.use_remove_padding,
+            share_prompts=arr.model.use_shared_prompts,
             torch_compile=resolve_torch_compile(ref.use_torch_compile, self.device),
             **self._groups(),
         )

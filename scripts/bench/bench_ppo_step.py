@@ -106,6 +106,7 @@ LAYOUTS["bf16"] = [
     "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
     "critic.fsdp_config.mixed_precision.param_dtype=bf16",
 ]
+LAYOUTS["unshared"] = ["actor_rollout_ref.model.use_shared_prompts=false"]
 LAYOUTS["bypass"] = [
     *LAYOUTS["fast"],
     "actor_rollout_ref.rollout.calculate_log_probs=true",
@@ -114,7 +115,8 @@ LAYOUTS["bypass"] = [
 """``default``: the shipped demo layout (one rank per role with every core: ``cpus_per_worker: null``).
 ``2rank``: two single-thread ranks per role, the same micro-batches. ``2rank-fixed``: also fixed
 micro-batches (``config/demo_two_ranks.yaml``, the demo's layout before 2026-12-04). ``fast``:
-``default`` plus micro-batches as large as the batch (dynamic batching under a budget no bench reaches). ``bypass``: ``fast`` with the rollout's log-probs as the old policy's
+``default`` plus micro-batches as large as the batch (dynamic batching under a budget no bench reaches).
+``unshared``: ``default`` with every sample's prompt packed and run on its own (``use_shared_prompts=false``). ``bypass``: ``fast`` with the rollout's log-probs as the old policy's
 (``algorithm.rollout_correction.bypass_mode``: no ``compute_log_prob`` pass). ``bf16``: ``default``
 computing in bf16 (actor, reference, critic, reward model and generation; fp32 master weights, gradients
 reduced in fp32): the precision verl and TRL train in by default."""

@@ -1,0 +1,86 @@
+"""Shared-prompt packing: the layout `unpad_shared_prompts` builds and the attention rule that reads it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlflow.models.attention import packed_sequences, set_packed_attention
+from rlflow.models.padding import unpad_shared_prompts
+
+A, B, C, D, E, X, Y, Z, W = range(11, 20)
+
+
+def _rows() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """r0: prompt a b c, response x y; r1: prompt d e (left-padded), response z; r2: r0's prompt, response w."""
+    ids = torch.tensor([[A, B, C, X, Y], [0, D, E, Z, 0], [A, B, C, W, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 1, 1, 1, 0], [1, 1, 1, 1, 0]])
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def test_layout_of_a_hand_built_micro_batch():
+    packed = unpad_shared_prompts(*_rows(), response_length=2)
+    # root r0 whole; branch r2: its last prompt token (c, position 2) and its response; then root r1
+    assert packed.indices.tolist() == [0, 1, 2, 3, 4, 12, 13, 6, 7, 8]
+    assert packed.input_ids.tolist() == [[A, B, C, X, Y, C, W, D, E, Z]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 2, 3, 0, 1, 2]]
+    # the branch's copy of c predicts w; its last token's label is meaningless (lands on a padded slot)
+    assert packed.labels.tolist() == [[B, C, X, Y, C, W, D, E, Z, A]]
+    assert packed.cu_seqlens.tolist() == [0, 5, 7, 10]
+    assert packed_sequences(packed.position_ids) == [[(5, 0), (2, 2), (3, 0)]]
+
+
+@pytest.mark.parametrize(
+    "case", ["no shared prompt", "one-token prompt", "padding in the last prompt column"]
+)
+def test_nothing_to_share_falls_back(case):
+    ids, mask, _ = _rows()
+    if case == "no shared prompt":
+        ids, mask = ids[:2], mask[:2]
+    elif case == "one-token prompt":
+        ids = torch.cat([ids, torch.tensor([[0, 0, D, Z, 0]] * 2)])
+        mask = torch.cat([mask, torch.tensor([[0, 0, 1, 1, 0]] * 2)])
+    else:
+        ids = torch.cat([ids, torch.tensor([[D, E, 0, Z, 0]])])
+        mask = torch.cat([mask, torch.tensor([[1, 1, 0, 1, 0]])])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    assert unpad_shared_prompts(ids, mask, pos, response_length=2) is None
+
+
+def test_positions_that_do_not_count_up_are_refused():
+    ids, mask, pos = _rows()
+    pos = pos.clone()
+    pos[2, 3] = 7
+    with pytest.raises(ValueError, match="position_ids are not 0, 1, 2"):
+        unpad_shared_prompts(ids, mask, pos, response_length=2)
+
+
+def _attention_model():
+    from rlflow.models.tiny import TinyModelConfig, build_tiny_model
+
+    model = build_tiny_model(TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1))
+    return set_packed_attention(model).eval()
+
+
+def test_a_branch_sees_its_roots_prefix_and_itself():
+    """The logits of a packed root + branch equal those of the branch's whole sequence run on its own."""
+    model = _attention_model()
+    prompt, first, second = [5, 6, 7, 8], [9, 10], [11, 12, 13]
+    packed_ids = torch.tensor([prompt + first + [prompt[-1]] + second])
+    packed_pos = torch.tensor([[0, 1, 2, 3, 4, 5, 3, 4, 5, 6]])
+    with torch.no_grad():
+        shared = model(input_ids=packed_ids, position_ids=packed_pos, use_cache=False).logits[0]
+        alone = model(input_ids=torch.tensor([prompt + second]), use_cache=False).logits[0]
+        root = model(input_ids=torch.tensor([prompt + first]), use_cache=False).logits[0]
+    torch.testing.assert_close(shared[6:], alone[3:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(shared[:6], root, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("positions", "message"),
+    [([[2, 3, 0, 1]], "follows no sequence that starts at 0"), ([[0, 1, 5, 6]], "shares 5 prompt tokens")],
+)
+def test_malformed_branches_are_refused(positions, message):
+    model = _attention_model()
+    with pytest.raises(ValueError, match=message), torch.no_grad():
+        model(input_ids=torch.tensor([[5, 6, 7, 8]]), position_ids=torch.tensor(positions), use_cache=False)
