@@ -33,7 +33,7 @@ from rlflow.engine.ppo_loop import (
     select_update_batch,
     split_micro_batches,
 )
-from rlflow.models.forward import forward_micro_batch
+from rlflow.models.forward import forward_micro_batch, reads_shared_prompts
 from rlflow.protocol import DataProto
 from rlflow.utils.torch_functional import masked_mean
 
@@ -101,7 +101,13 @@ class DataParallelPPOActor:
         self.log_prob = log_prob
         self.temperature = float(temperature)
         self.use_remove_padding = bool(use_remove_padding)
-        self.share_prompts = bool(share_prompts)
+        # the forwards pack shared prompts only where the attention reads them and no router loss counts tokens
+        self.share_prompts = (
+            bool(share_prompts)
+            and self.use_remove_padding
+            and router_top_k is None
+            and reads_shared_prompts(actor_module)
+        )
         self.dp_group, self.sp_group, self.sync_group = dp_group, sp_group, sync_group
         self.reinforce = reinforce
         self.torch_compile = bool(torch_compile)
@@ -173,7 +179,7 @@ class DataParallelPPOActor:
         """
         self.actor_module.eval()
         batch = data.batch.select(*[k for k in FORWARD_KEYS if k in data.batch.keys()])
-        micro = split_micro_batches(batch, self.log_prob, self.sync_group)
+        micro = split_micro_batches(batch, self.log_prob, self.sync_group, self.share_prompts)
         outs = [self._forward_micro_batch(mb, self.temperature, calculate_entropy) for mb in micro.batches]
         mask = response_mask_of(data)
         log_probs = micro.restore([lp for _, lp in outs]) * mask
@@ -257,7 +263,7 @@ class DataParallelPPOActor:
         self._mini_batch_seed += 1
         if self.reinforce is None and policy_loss.name in COV_LOSS_MODES:
             mini.batch["cov_selected"] = self._select_cov_tokens(mini, policy_loss.name)
-        micro = split_micro_batches(mini.batch, self.update.micro, self.sync_group)
+        micro = split_micro_batches(mini.batch, self.update.micro, self.sync_group, self.share_prompts)
         on_policy = "old_log_probs" not in mini.batch.keys()
         router_tokens = (
             global_loss_counts(mini.batch["attention_mask"], self.dp_group)[0]
@@ -314,7 +320,10 @@ class DataParallelPPOActor:
         """
         batch = mini.batch
         micro = split_micro_batches(
-            batch.select(*[k for k in FORWARD_KEYS if k in batch.keys()]), self.update.micro, self.sync_group
+            batch.select(*[k for k in FORWARD_KEYS if k in batch.keys()]),
+            self.update.micro,
+            self.sync_group,
+            self.share_prompts,
         )
         log_probs = micro.restore(
             [self._forward_micro_batch(mb, self.temperature)[1] for mb in micro.batches]

@@ -28,7 +28,7 @@ from rlflow.engine.ppo_loop import (
     select_update_batch,
     split_micro_batches,
 )
-from rlflow.models.forward import forward_micro_batch
+from rlflow.models.forward import forward_micro_batch, reads_shared_prompts
 from rlflow.protocol import DataProto
 from rlflow.utils.torch_functional import masked_mean
 
@@ -77,7 +77,9 @@ class DataParallelPPOCritic:
         self.update = update
         self.forward = forward
         self.use_remove_padding = bool(use_remove_padding)
-        self.share_prompts = bool(share_prompts)
+        self.share_prompts = (
+            bool(share_prompts) and self.use_remove_padding and reads_shared_prompts(critic_module)
+        )
         self.dp_group, self.sp_group, self.sync_group = dp_group, sp_group, sync_group
         self.skipped_steps = 0
 
@@ -122,7 +124,7 @@ class DataParallelPPOCritic:
         self.critic_module.eval()
         mask = response_mask_of(data)
         batch = data.batch.select(*[k for k in FORWARD_KEYS if k in data.batch.keys()])
-        micro = split_micro_batches(batch, self.forward, self.sync_group)
+        micro = split_micro_batches(batch, self.forward, self.sync_group, self.share_prompts)
         values = micro.restore([self._forward_micro_batch(mb) for mb in micro.batches])
         return values * mask.to(values.dtype)
 
@@ -158,7 +160,7 @@ class DataParallelPPOCritic:
     def _accumulate_mini_batch(self, mini: DataProto, acc: MetricAccumulator) -> None:
         """Forward and backward every micro-batch of ``mini``; gradients accumulate in the module."""
         norm = loss_normalisers(mini.batch, self.dp_group)
-        micro = split_micro_batches(mini.batch, self.update.micro, self.sync_group)
+        micro = split_micro_batches(mini.batch, self.update.micro, self.sync_group, self.share_prompts)
         for mb in micro.batches:
             mask = mb["response_mask"]
             vpreds = self._forward_micro_batch(mb)

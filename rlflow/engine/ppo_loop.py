@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from rlflow.engine.batching import MicroBatchSpec, UpdateSpec
 from rlflow.engine.seqlen_balancing import rearrange_micro_batches, restore_order
+from rlflow.models.padding import shared_prompt_items
 from rlflow.parallel.activation_offload import ActivationOffload
 from rlflow.parallel.sharded import clip_grad_norm_
 from rlflow.protocol import DataProto
@@ -107,7 +108,9 @@ class MicroBatches:
         return cat if self.indices is None else restore_order(cat, self.indices)
 
 
-def split_micro_batches(batch: Any, spec: MicroBatchSpec, sync_group: Any = None) -> MicroBatches:
+def split_micro_batches(
+    batch: Any, spec: MicroBatchSpec, sync_group: Any = None, share_prompts: bool = False
+) -> MicroBatches:
     """Split a TensorDict of samples into micro-batches.
 
     Args:
@@ -117,12 +120,25 @@ def split_micro_batches(batch: Any, spec: MicroBatchSpec, sync_group: Any = None
             has the same number of samples, hence of micro-batches), or a token budget (balanced; the
             same count on every rank of ``sync_group``).
         sync_group: ranks that must run the same number of micro-batches (every rank of the FSDP mesh).
+        share_prompts: the forwards pack the samples of a prompt around one copy of it: token-budget
+            micro-batches keep those samples together and count the tokens the shared packing feeds
+            (`rlflow.models.padding.shared_prompt_items`). Fixed micro-batches are consecutive samples,
+            which keeps the ``n`` interleaved samples of a prompt together when the size is a multiple of
+            ``n``.
     """
     if spec.use_dynamic_bsz:
         if not spec.max_tokens_per_rank:
             raise ValueError("use_dynamic_bsz=True needs ppo_max_token_len_per_gpu (token budget) to be set")
+        items = None
+        if share_prompts and "responses" in batch.keys():
+            items = shared_prompt_items(
+                batch["input_ids"],
+                batch["attention_mask"],
+                batch["responses"].shape[-1],
+                spec.max_tokens_per_rank,
+            )
         batches, indices = rearrange_micro_batches(
-            batch, max_token_len=spec.max_tokens_per_rank, dp_group=sync_group
+            batch, max_token_len=spec.max_tokens_per_rank, dp_group=sync_group, items=items
         )
         return MicroBatches(batches, indices)
     bs = batch.batch_size[0]

@@ -30,6 +30,7 @@ __all__ = [
     "karmarkar_karp",
     "rearrange_micro_batches",
     "restore_order",
+    "rows_by_key",
 ]
 
 
@@ -170,13 +171,16 @@ def _index_batch(batch: Any, idx: list[int]) -> Any:
     return out
 
 
-def _check_budget(seqlens: list[int], max_token_len: int, global_max_len: int) -> None:
-    """Raise on every rank when some DP rank holds a sequence longer than the token budget."""
+def _check_budget(
+    seqlens: list[int], max_token_len: int, global_max_len: int, rows: list[int] | None = None
+) -> None:
+    """Raise on every rank when some DP rank holds a sequence longer than the token budget (``rows``: the
+    batch row of each item; an item over the budget is a single row)."""
     if global_max_len <= max_token_len:
         return
     local = [i for i, n in enumerate(seqlens) if n > max_token_len]
     where = (
-        f"sample {local[0]} has {seqlens[local[0]]} tokens"
+        f"sample {local[0] if rows is None else rows[local[0]]} has {seqlens[local[0]]} tokens"
         if local
         else f"another DP rank has {global_max_len}"
     )
@@ -196,14 +200,14 @@ def _check_enough_samples(num: int, global_min_samples: int) -> None:
 
 
 def _synced_partitions(
-    seqlens: list[int], max_token_len: int, min_num: int, dp_group: Any
+    seqlens: list[int], max_token_len: int, min_num: int, dp_group: Any, rows: list[int] | None = None
 ) -> list[list[int]]:
     """Find a micro-batch count that fits the budget on every DP rank; every rank raises or none does."""
     local_num = (
         _local_num_micro_batches(seqlens, max_token_len, min_num) if max(seqlens) <= max_token_len else 1
     )
     num, neg_min_samples, global_max_len = _all_reduce_max([local_num, -len(seqlens), max(seqlens)], dp_group)
-    _check_budget(seqlens, max_token_len, global_max_len)
+    _check_budget(seqlens, max_token_len, global_max_len, rows)
     while True:
         _check_enough_samples(num, -neg_min_samples)
         partitions = _partition(seqlens, num)
@@ -220,6 +224,7 @@ def rearrange_micro_batches(
     dp_group: Any = None,
     same_micro_num_in_dp: bool = True,
     min_num_micro_batch: int | None = None,
+    items: tuple[list[list[int]], list[int]] | None = None,
 ) -> tuple[list[Any], list[list[int]]]:
     """Split a batch into token-balanced micro-batches of at most ``max_token_len`` valid tokens each.
 
@@ -237,6 +242,9 @@ def rearrange_micro_batches(
         dp_group: process group of the data-parallel ranks, or None for no synchronization.
         same_micro_num_in_dp: synchronize the micro-batch count over ``dp_group``.
         min_num_micro_batch: lower bound on the number of micro-batches.
+        items: ``(row groups, their token counts)`` to balance instead of single rows: each group stays in
+            one micro-batch (`rlflow.models.padding.shared_prompt_items`: the samples of a prompt, counted
+            as the shared packing feeds them). None = every row on its own, counted by its valid tokens.
 
     Returns:
         micro_batches: the row subsets of ``batch``, one per micro-batch.
@@ -249,15 +257,25 @@ def rearrange_micro_batches(
         raise ValueError(
             f"batch['attention_mask'] must be a non-empty (bs, seqlen), got {tuple(attention_mask.shape)}"
         )
-    seqlens = [int(n) for n in attention_mask.sum(dim=-1).tolist()]
-    min_num = min_num_micro_batch or 1
-    if dp_group is not None and same_micro_num_in_dp:
-        partitions = _synced_partitions(seqlens, max_token_len, min_num, dp_group)
+    if items is None:
+        seqlens = [int(n) for n in attention_mask.sum(dim=-1).tolist()]
+        groups = [[i] for i in range(len(seqlens))]
     else:
-        _check_budget(seqlens, max_token_len, max(seqlens))
+        groups, seqlens = items[0], [int(n) for n in items[1]]
+        if sorted(i for g in groups for i in g) != list(range(attention_mask.shape[0])) or len(
+            seqlens
+        ) != len(groups):
+            raise ValueError("items must hold every row of the batch once, with one token count per group")
+    min_num = min_num_micro_batch or 1
+    rows = [g[0] for g in groups]
+    if dp_group is not None and same_micro_num_in_dp:
+        partitions = _synced_partitions(seqlens, max_token_len, min_num, dp_group, rows)
+    else:
+        _check_budget(seqlens, max_token_len, max(seqlens), rows)
         num = _local_num_micro_batches(seqlens, max_token_len, min_num)
         _check_enough_samples(num, len(seqlens))
         partitions = _partition(seqlens, num)
+    partitions = [sorted(i for g in part for i in groups[g]) for part in partitions]
     return [_index_batch(batch, part) for part in partitions], partitions
 
 
@@ -295,12 +313,17 @@ def restore_order(outputs_concat: torch.Tensor, indices: Sequence[Sequence[int]]
     return outputs_concat[reverse]
 
 
-def balance_batch_across_dp(seqlens: Sequence[int], world_size: int) -> torch.Tensor:
+def balance_batch_across_dp(
+    seqlens: Sequence[int], world_size: int, groups: Sequence[Sequence[int]] | None = None
+) -> torch.Tensor:
     """Permutation that gives each DP rank's contiguous chunk the same count and near-equal total tokens.
 
     Args:
         seqlens: (bs,) valid tokens per sample; ``bs`` divisible by ``world_size``.
         world_size: data-parallel size.
+        groups: rows to keep on one rank and next to each other (the samples of a prompt, for shared-prompt
+            packing), balanced by their summed tokens. Used when every group has the same size and their
+            number is divisible by ``world_size``; otherwise the rows are balanced one by one.
 
     Returns:
         (bs,) long permutation; reorder the batch with it, then rank ``r`` takes rows
@@ -308,5 +331,24 @@ def balance_batch_across_dp(seqlens: Sequence[int], world_size: int) -> torch.Te
     """
     if len(seqlens) % world_size != 0:
         raise ValueError(f"batch size {len(seqlens)} is not divisible by the DP world size {world_size}")
+    if groups and len(groups) % world_size == 0 and len({len(g) for g in groups}) == 1:
+        weights = [sum(int(seqlens[i]) for i in g) for g in groups]
+        partitions = get_seqlen_balanced_partitions(weights, world_size, equal_size=True)
+        return torch.tensor([i for part in partitions for g in part for i in groups[g]], dtype=torch.long)
     partitions = get_seqlen_balanced_partitions(list(seqlens), world_size, equal_size=True)
     return torch.tensor([i for part in partitions for i in part], dtype=torch.long)
+
+
+def rows_by_key(keys: Sequence[Any]) -> list[list[int]]:
+    """Row indices grouped by equal key (e.g. the ``uid`` of a prompt's samples), in order of first appearance.
+
+    Args:
+        keys: (bs,) one hashable key per row.
+
+    Returns:
+        The groups of row indices, each in increasing order.
+    """
+    rows: dict[Any, list[int]] = {}
+    for i, key in enumerate(keys):
+        rows.setdefault(key, []).append(i)
+    return list(rows.values())

@@ -52,6 +52,7 @@ __all__ = [
     "MicroBatch",
     "forward_micro_batch",
     "last_valid_index",
+    "reads_shared_prompts",
 ]
 
 MicroBatch = Mapping[str, torch.Tensor] | TensorDictBase
@@ -141,7 +142,7 @@ def _check_attn_implementation(module: torch.nn.Module, sp_size: int) -> None:
         )
 
 
-def _reads_shared_prompts(module: torch.nn.Module) -> bool:
+def reads_shared_prompts(module: torch.nn.Module) -> bool:
     """Whether the model's attention keeps shared-prompt branches apart (`rlflow.models.attention`)."""
     impl = getattr(getattr(module, "config", None), "_attn_implementation", None)
     return impl in _ULYSSES_ATTN_IMPLEMENTATIONS
@@ -238,7 +239,7 @@ def _packed_token_outputs(
     attention reads such rows (``"rlflow_packed"``); router losses are means over the packed tokens, so
     they keep the plain packing."""
     packed = None
-    if share_prompts and router_top_k is None and output != "scores" and _reads_shared_prompts(module):
+    if share_prompts and router_top_k is None and output != "scores" and reads_shared_prompts(module):
         packed = unpad_shared_prompts(
             mb["input_ids"], mb["attention_mask"], mb["position_ids"], mb["responses"].shape[1]
         )

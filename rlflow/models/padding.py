@@ -30,6 +30,7 @@ __all__ = [
     "gather_response_outputs",
     "index_first_axis",
     "pad_input",
+    "shared_prompt_items",
     "unpad_input",
     "unpad_micro_batch",
     "unpad_shared_prompts",
@@ -187,6 +188,51 @@ def _prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt
     return list(groups.values())
 
 
+def _can_share(attention_mask: torch.Tensor, prompt_len: int) -> bool:
+    """Every row's last prompt column is a token and every prompt has two or more (else nothing to share)."""
+    valid = attention_mask.bool()
+    return bool(valid[:, prompt_len - 1].all()) and int(valid[:, :prompt_len].sum(-1).min()) >= 2
+
+
+def shared_prompt_items(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int, max_tokens: int
+) -> tuple[list[list[int]], list[int]] | None:
+    """Rows that shared-prompt packing runs together, as the items of token-budget micro-batching.
+
+    Each item is a group of rows with the same prompt (`unpad_shared_prompts`), cut into consecutive
+    pieces of at most ``max_tokens`` packed tokens (a piece repeats the prompt); its size is what the
+    shared packing feeds the model: the first row's tokens, then one prompt token plus the response for
+    each other row. Balancing these items keeps the samples of a prompt in one micro-batch.
+
+    Args:
+        input_ids / attention_mask: (bs, seqlen), prompts left-padded and responses right-padded.
+        response_length: response columns at the end of each row.
+        max_tokens: the micro-batch token budget.
+
+    Returns:
+        ``(items, tokens)``: row lists in order of first appearance and their packed sizes; None when the
+        batch would be packed without sharing (see `unpad_shared_prompts`).
+    """
+    prompt_len = input_ids.shape[1] - response_length
+    if not 0 < prompt_len < input_ids.shape[1] or not _can_share(attention_mask, prompt_len):
+        return None
+    row_tokens = attention_mask.sum(-1).tolist()
+    branch_tokens = (attention_mask[:, prompt_len:].sum(-1) + 1).tolist()
+    items: list[list[int]] = []
+    tokens: list[int] = []
+    for rows in _prompt_groups(input_ids, attention_mask, prompt_len):
+        items.append([rows[0]])
+        tokens.append(int(row_tokens[rows[0]]))
+        for row in rows[1:]:
+            if tokens[-1] + branch_tokens[row] > max_tokens:
+                items.append([row])
+                tokens.append(int(row_tokens[row]))
+            else:
+                items[-1].append(row)
+                tokens[-1] += int(branch_tokens[row])
+    return items, tokens
+
+
 def unpad_shared_prompts(
     input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int
 ) -> PackedMicroBatch | None:
@@ -219,9 +265,9 @@ def unpad_shared_prompts(
     prompt_len = seqlen - response_length
     if not 0 < prompt_len < seqlen:
         raise ValueError(f"response_length must be in (0, seqlen={seqlen}), got {response_length}")
-    valid = attention_mask.bool()
-    if not bool(valid[:, prompt_len - 1].all()) or int(valid[:, :prompt_len].sum(-1).min()) < 2:
+    if not _can_share(attention_mask, prompt_len):
         return None
+    valid = attention_mask.bool()
     groups = _prompt_groups(input_ids, attention_mask, prompt_len)
     if len(groups) == batch:
         return None

@@ -28,7 +28,7 @@ from rlflow.algos.rollout_correction import correct_rollout_batch
 from rlflow.config import need_critic, to_typed, update_is_on_policy
 from rlflow.config.correction_checks import rollout_correction_active
 from rlflow.config.schema import PPOTrainerConfig
-from rlflow.engine.seqlen_balancing import balance_batch_across_dp
+from rlflow.engine.seqlen_balancing import balance_batch_across_dp, rows_by_key
 from rlflow.logging.tracking import ProgressBar
 from rlflow.protocol import DataProto
 from rlflow.single_controller.futures import DataProtoFuture
@@ -439,7 +439,10 @@ class RayPPOTrainer:
         if not self.config.trainer.balance_batch:
             return
         seqlens = batch.batch["attention_mask"].sum(-1).tolist()
-        order = balance_batch_across_dp(seqlens, self.groups.actor_dp_size)
+        model = self.config.actor_rollout_ref.model
+        shared = model.use_shared_prompts and model.use_remove_padding and "uid" in batch.non_tensor_batch
+        groups = rows_by_key(batch.non_tensor_batch["uid"].tolist()) if shared else None  # a prompt's samples
+        order = balance_batch_across_dp(seqlens, self.groups.actor_dp_size, groups)
         batch.reorder(torch.as_tensor(order))
 
     def _reward(self, batch: DataProto) -> dict[str, list[Any]]:

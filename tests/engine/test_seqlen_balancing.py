@@ -127,3 +127,30 @@ def test_rearrange_same_count_on_two_dp_ranks() -> None:
     # every rank raises (no rank left waiting in a collective), each naming the config key
     assert "another DP rank has 13" in results[0]["error"] and "sample 1 has 13 tokens" in results[1]["error"]
     assert all("ppo_max_token_len_per_gpu" in r["error"] for r in results)
+
+
+def test_balance_batch_keeps_a_prompts_samples_on_one_rank() -> None:
+    """Groups (the samples of a prompt, for shared-prompt packing) move as units, balanced by their tokens;
+    unequal groups fall back to row balancing."""
+    from rlflow.engine.seqlen_balancing import rows_by_key
+
+    groups = rows_by_key(["a", "b", "a", "c", "b", "c", "d", "d"])
+    assert groups == [[0, 2], [1, 4], [3, 5], [6, 7]]
+    seqlens = [10, 1, 9, 2, 8, 3, 7, 4]  # group tokens: a 19, b 3, c 5, d 11
+    perm = balance_batch_across_dp(seqlens, 2, groups).tolist()
+    halves = [set(perm[:4]), set(perm[4:])]
+    assert all(any(set(g) <= half for half in halves) for g in groups)  # every group on one rank
+    totals = sorted(sum(seqlens[i] for i in half) for half in halves)
+    assert totals != [8, 30]  # not the worst split (a + d against b + c)
+    # ...and contiguous there, so fixed micro- and mini-batches keep it together too
+    assert all(abs(perm.index(g[0]) - perm.index(g[1])) == 1 for g in groups)
+    assert balance_batch_across_dp(seqlens, 2, [[0, 2, 4], [1, 3, 5, 6, 7]]).tolist() == [
+        0,
+        1,
+        6,
+        7,
+        2,
+        3,
+        4,
+        5,
+    ]

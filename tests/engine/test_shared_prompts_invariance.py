@@ -34,7 +34,7 @@ VARIANTS_W1 = [
     ("rmpad", dict(micro=8, rmpad=True)),
     ("shared", dict(micro=8, rmpad=True, share=True)),
     ("shared_micro4", dict(micro=4, rmpad=True, share=True)),
-    ("shared_dyn", dict(dynamic=40, rmpad=True, share=True)),
+    ("shared_dyn", dict(dynamic=24, rmpad=True, share=True)),
     ("shared_ckpt", dict(micro=8, rmpad=True, share=True, checkpointing=True)),
 ]
 VARIANTS_W2 = [
@@ -92,7 +92,7 @@ def _run_one(kind: str, settings: dict, world: int) -> dict:
     data = _shard(_batch(), dims.dp_rank, dims.dp_size)
     optim = torch.optim.SGD(model.parameters(), lr=1.0)
     role = _role(kind, settings, model, optim, groups, len(data), "token-mean")
-    role.share_prompts = bool(settings.get("share"))
+    role.share_prompts = bool(settings.get("share"))  # the harness builds its roles without the option
     if kind == "critic":
         forward_out = role.compute_values(data)
         loss = role.update_critic(data)["critic/vf_loss"]
@@ -159,8 +159,9 @@ def test_the_prompt_runs_once_per_micro_batch(results, kind):
     repeated = sum(PROMPT_LENS[k] - 1 for k in ORDER) - sum(n - 1 for n in PROMPT_LENS.values())
     assert w1[(kind, "rmpad")]["tokens"] == 2 * valid
     assert w1[(kind, "shared")]["tokens"] == 2 * (valid - repeated)
-    assert (
-        w1[(kind, "shared_micro4")]["tokens"] > w1[(kind, "shared")]["tokens"]
-    )  # groups split over micro-batches
+    # fixed micro-batches of 4 consecutive samples split the prompts' groups
+    assert w1[(kind, "shared_micro4")]["tokens"] > w1[(kind, "shared")]["tokens"]
+    # token-budget micro-batches keep each prompt's samples together (packed sizes 21, 12 and 7 under 24)
+    assert w1[(kind, "shared_dyn")]["tokens"] == w1[(kind, "shared")]["tokens"]
     # the checkpointed variant recomputed its layers in the backward (through the same shared layout)
     assert w1[(kind, "shared_ckpt")]["layer_calls"] == w1[(kind, "shared")]["layer_calls"] + 1

@@ -84,3 +84,22 @@ def test_malformed_branches_are_refused(positions, message):
     model = _attention_model()
     with pytest.raises(ValueError, match=message), torch.no_grad():
         model(input_ids=torch.tensor([[5, 6, 7, 8]]), position_ids=torch.tensor(positions), use_cache=False)
+
+
+def test_items_for_token_budget_micro_batches():
+    """Groups of rows sharing a prompt, sized as the shared packing feeds them, cut to fit the budget."""
+    from rlflow.engine.seqlen_balancing import rearrange_micro_batches
+    from rlflow.models.padding import shared_prompt_items
+
+    ids, mask, _ = _rows()
+    ids, mask = torch.cat([ids, ids[2:]]), torch.cat([mask, mask[2:]])  # r3: a third sample of r0's prompt
+    # r0 is packed whole (5 tokens), r2 and r3 as c + their response (2 each); r1 alone (3)
+    assert shared_prompt_items(ids, mask, 2, max_tokens=9) == ([[0, 2, 3], [1]], [9, 3])
+    assert shared_prompt_items(ids, mask, 2, max_tokens=8) == ([[0, 2], [3], [1]], [7, 4, 3])
+    items = shared_prompt_items(ids, mask, 2, max_tokens=9)
+    _, parts = rearrange_micro_batches({"attention_mask": mask}, max_token_len=9, items=items)
+    assert parts == [[0, 2, 3], [1]]
+    one_row = torch.tensor([[0, 0, D, Z, 0]])
+    assert (
+        shared_prompt_items(torch.cat([ids, one_row]), torch.cat([mask, one_row.clamp(max=1)]), 2, 9) is None
+    )
