@@ -13,7 +13,9 @@ How one ``generate_sequences`` call runs:
 2. **Decoding.** Our own loop over a ``DynamicCache``: one prefill forward over the (left-padded,
    common-padding-trimmed) prompts, then one forward per new token. Finished rows emit the pad id.
    The ``n`` samples of a prompt share its prefill (one forward per prompt, then its KV cache is
-   repeated) whenever a micro-batch holds whole groups of ``n``.
+   repeated) whenever a micro-batch holds whole groups of ``n``. For Qwen2 / Llama / Mistral / Qwen3
+   decoders the steps after the prefill run through `rlflow.rollout.fast_decode.FastDecoder` (fused
+   projections, no per-step mask building), with transformers' numerics.
    ``scripts/bench/bench_generate.py`` compares it with ``model.generate``; numbers in
    ``docs/rollout.md``.
 3. **Sampling** (`rlflow.rollout.sampling`): temperature, top-k, top-p, then inverse-CDF sampling with
@@ -55,6 +57,7 @@ from rlflow.rollout.base import (
     resolve_sampling_params,
     warn_unread_engine_kwargs,
 )
+from rlflow.rollout.fast_decode import FastDecoder, fast_decoder_for
 from rlflow.rollout.kv_cache import PreallocatedCache, supports_preallocated_cache
 from rlflow.rollout.sampling import row_keys, sample_next_token
 from rlflow.rollout.weights import full_weights
@@ -102,6 +105,7 @@ def decode(
     eos_token_ids: Sequence[int],
     pad_token_id: int,
     repeats: int = 1,
+    fast: bool | FastDecoder = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generate up to ``params.response_length`` tokens for one micro-batch with the KV cache (allocated
     once, `rlflow.rollout.kv_cache.PreallocatedCache`, for full-attention decoders).
@@ -128,6 +132,8 @@ def decode(
         eos_token_ids: ids that end a response (may be empty: always full length).
         pad_token_id: id written after a row's EOS.
         repeats: output rows per prompt row (consecutive).
+        fast: the decoding steps after the prefill run through a `FastDecoder` (this one, or one built for
+            the call when True and the architecture has one); False = transformers' forward every step.
 
     Returns:
         ``responses``: ``(rows * repeats, steps)`` int64 and ``log_probs``: ``(rows * repeats, steps)``
@@ -165,6 +171,9 @@ def decode(
         logits_to_keep=1,
     )
     cache, position, logits = out.past_key_values, position_ids[..., -1:], out.logits[:, -1, :]
+    if fast is True:
+        fast = fast_decoder_for(model) if isinstance(cache, PreallocatedCache) else None
+    fast_step = fast.step if isinstance(fast, FastDecoder) and isinstance(cache, PreallocatedCache) else None
     if repeats > 1:
         cache.batch_repeat_interleave(repeats)
         logits, attention_mask, position = (
@@ -186,6 +195,9 @@ def decode(
             [attention_mask, attention_mask.new_ones(attention_mask.shape[0], 1)], dim=-1
         )
         position = position + 1
+        if fast_step is not None:
+            logits = fast_step(token, position, attention_mask, cache)
+            continue
         out = model(
             input_ids=token.unsqueeze(-1),
             attention_mask=attention_mask,
@@ -485,6 +497,7 @@ class HFRollout(BaseRollout):
         responses, log_probs = [], []
         with self.generation_model() as model:
             device = next(model.parameters()).device
+            fast = fast_decoder_for(model) or False  # the fused projections, once per call
             for start in range(0, rows, step):
                 first_prompt = start // repeats
                 part = source.batch[first_prompt : first_prompt + step // repeats].to(device)
@@ -498,6 +511,7 @@ class HFRollout(BaseRollout):
                     eos,
                     pad,
                     repeats=repeats,
+                    fast=fast,
                 )
                 responses.append(_pad_right(tokens, params.response_length, pad))
                 log_probs.append(_pad_right(lps, params.response_length, 0.0))

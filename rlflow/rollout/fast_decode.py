@@ -1,0 +1,195 @@
+"""A lean decoding step for Llama-family decoders, used by the HF rollout after transformers' prefill.
+
+One decoding step of transformers' model forward costs, at the sizes rlflow's CPU runs use, more in
+per-call Python and small ops than in arithmetic: building the 4-D mask from the 2-D one, the rotary
+embedding, three projections for q, k and v and two for gate and up, output dataclasses. `FastDecoder`
+runs the same step from the model's own modules with the projections of a layer fused into one matrix
+each (q|k|v and gate|up, concatenated once per generation call, since the weights change every training
+step), the keys and values written into the `PreallocatedCache` that transformers' prefill filled, and the
+attention of one query token per row as two small matrix products over the cache with an additive mask row.
+The rotary embedding comes from the model's own ``rotary_emb`` module, so every RoPE variant it implements
+is kept.
+
+Used for ``Qwen2ForCausalLM``, ``LlamaForCausalLM``, ``MistralForCausalLM`` (no sliding window) and
+``Qwen3ForCausalLM`` with SiLU MLPs, standard RMSNorms and one tensor-parallel slice; any other model (or
+configuration) decodes through transformers' forward (`fast_decoder_for` returns None). Its log-probs
+equal transformers' to float rounding (``tests/rollout/test_fast_decode.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rlflow.rollout.kv_cache import PreallocatedCache, supports_preallocated_cache
+
+__all__ = ["FastDecoder", "fast_decoder_for"]
+
+_CLASSES = ("Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM")
+_NORMS = ("Qwen2RMSNorm", "LlamaRMSNorm", "MistralRMSNorm", "Qwen3RMSNorm")
+
+
+def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """transformers' RMSNorm (float32 statistics, the weight applied in the input dtype)."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * h.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``x`` (rows, heads, d) with ``cos`` / ``sin`` (rows, 1, d), half-split layout."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def _cat_bias(*layers: nn.Linear) -> torch.Tensor | None:
+    biases = [layer.bias for layer in layers]
+    if all(b is None for b in biases):
+        return None
+    return torch.cat(
+        [
+            b if b is not None else layer.weight.new_zeros(layer.out_features)
+            for b, layer in zip(biases, layers)
+        ]
+    )
+
+
+@dataclass
+class _Layer:
+    ln1: nn.Module
+    qkv: torch.Tensor  # (q + k + v heads * d, hidden)
+    qkv_bias: torch.Tensor | None
+    q_norm: nn.Module | None
+    k_norm: nn.Module | None
+    o_proj: nn.Linear
+    ln2: nn.Module
+    gate_up: torch.Tensor  # (2 * intermediate, hidden)
+    gate_up_bias: torch.Tensor | None
+    down: nn.Linear
+    scaling: float
+
+
+def fast_decoder_for(model: nn.Module) -> FastDecoder | None:
+    """A `FastDecoder` over ``model`` when its architecture is one it reproduces exactly, else None.
+
+    Args:
+        model: an unsharded HF causal LM (the rollout's generation replica or a plain module).
+    """
+    if type(model).__name__ not in _CLASSES:
+        return None
+    config = model.config
+    inner = getattr(model, "model", None)
+    if (
+        inner is None
+        or not supports_preallocated_cache(config)
+        or getattr(config, "hidden_act", None) != "silu"
+        or getattr(config, "pretraining_tp", 1) != 1
+        or not hasattr(inner, "rotary_emb")
+    ):
+        return None
+    for layer in inner.layers:
+        norms = [layer.input_layernorm, layer.post_attention_layernorm]
+        attn = layer.self_attn
+        norms += [n for n in (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)) if n is not None]
+        if (
+            any(type(n).__name__ not in _NORMS for n in norms)
+            or type(layer.mlp.act_fn).__name__ != "SiLUActivation"
+        ):
+            return None
+        if any(
+            type(getattr(attn, p, None)) is not nn.Linear for p in ("q_proj", "k_proj", "v_proj", "o_proj")
+        ):
+            return None
+        if any(
+            type(getattr(layer.mlp, p, None)) is not nn.Linear for p in ("gate_proj", "up_proj", "down_proj")
+        ):
+            return None
+    if type(inner.norm).__name__ not in _NORMS or type(model.lm_head) is not nn.Linear:
+        return None
+    return FastDecoder(model)
+
+
+class FastDecoder:
+    """Decoding steps of one generation call (see the module docstring); build it after the weights are
+    final for the call (it concatenates the projections once).
+
+    Args:
+        model: a model `fast_decoder_for` accepted.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        config = model.config
+        self.model = model
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        self.layers = []
+        with torch.no_grad():
+            for layer in model.model.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                self.layers.append(
+                    _Layer(
+                        ln1=layer.input_layernorm,
+                        qkv=torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+                        qkv_bias=_cat_bias(attn.q_proj, attn.k_proj, attn.v_proj),
+                        q_norm=getattr(attn, "q_norm", None),
+                        k_norm=getattr(attn, "k_norm", None),
+                        o_proj=attn.o_proj,
+                        ln2=layer.post_attention_layernorm,
+                        gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                        gate_up_bias=_cat_bias(mlp.gate_proj, mlp.up_proj),
+                        down=mlp.down_proj,
+                        scaling=float(getattr(attn, "scaling", self.head_dim**-0.5)),
+                    )
+                )
+
+    @torch.no_grad()
+    def step(
+        self,
+        token: torch.Tensor,
+        position: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache: PreallocatedCache,
+    ) -> torch.Tensor:
+        """One decoding step: append ``token`` to every row and return the next-token logits.
+
+        Args:
+            token: (rows,) the tokens just sampled.
+            position: (rows, 1) their positions.
+            attention_mask: (rows, cached + 1) 1 on the tokens each row attends to (left padding 0).
+            cache: the `PreallocatedCache` of this call (holds ``cached`` positions; this step appends one).
+
+        Returns:
+            (rows, vocab) logits in the model's dtype.
+        """
+        model, rows = self.model, token.shape[0]
+        x = model.model.embed_tokens(token)
+        cos, sin = model.model.rotary_emb(x[:, None], position)  # (rows, 1, d)
+        bias = torch.zeros(attention_mask.shape, dtype=x.dtype, device=x.device)
+        bias.masked_fill_(attention_mask == 0, torch.finfo(x.dtype).min)
+        bias = bias[:, None, None, :]  # (rows, 1, 1, keys): the same row for every head of a group
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        group = self.heads // self.kv_heads
+        for i, layer in enumerate(self.layers):
+            h = _rms_norm(x, layer.ln1)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            q = qkv[:, :q_size].view(rows, self.heads, self.head_dim)
+            k = qkv[:, q_size : q_size + kv_size].view(rows, self.kv_heads, self.head_dim)
+            v = qkv[:, q_size + kv_size :].view(rows, self.kv_heads, self.head_dim)
+            if layer.q_norm is not None:
+                q, k = _rms_norm(q, layer.q_norm), _rms_norm(k, layer.k_norm)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            keys, values = cache.layers[i].update(k[:, :, None], v[:, :, None])  # (rows, kv, keys, d)
+            scores = torch.matmul(q.view(rows, self.kv_heads, group, self.head_dim), keys.transpose(-1, -2))
+            scores = scores.float().mul_(layer.scaling).add_(bias)
+            attn = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
+            x = x + layer.o_proj(attn.reshape(rows, q_size))
+            h = _rms_norm(x, layer.ln2)
+            gate, up = F.linear(h, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+        return model.lm_head(_rms_norm(x, model.model.norm))

@@ -1,0 +1,114 @@
+"""`FastDecoder`: the HF rollout's decoding steps without transformers' per-step forward give
+transformers' tokens and log-probs, for each architecture it takes; other models keep the plain path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlflow.models.attention import GENERATION_ATTENTION
+from rlflow.rollout.base import SamplingParams
+from rlflow.rollout.fast_decode import fast_decoder_for
+from rlflow.rollout.hf import decode
+
+VOCAB = 64
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
+
+
+def _model(kind: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    import transformers
+
+    configs = {
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+        "llama_bias": ("LlamaConfig", "LlamaForCausalLM", {"attention_bias": True, "mlp_bias": True}),
+        "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
+        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
+    }
+    config_cls, model_cls, extra = configs[kind]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_cls)(**COMMON, **extra)
+    model = getattr(transformers, model_cls)(config).to(dtype).eval()
+    with torch.no_grad():  # random biases (transformers initialises them to 0)
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.2)
+    model.config._attn_implementation = GENERATION_ATTENTION
+    return model
+
+
+def _prompts() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, VOCAB, (4, 9), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :4], mask[2, :1] = 0, 0  # left padding
+    ids = ids * mask
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def _decode(model, fast, eos, repeats=1, **params):
+    ids, mask, pos = _prompts()
+    p = SamplingParams(
+        temperature=params.get("temperature", 1.0), top_p=1.0, top_k=-1, do_sample=True, n=repeats, response_length=12,
+        min_tokens=params.get("min_tokens", 0),
+    )  # fmt: skip
+    keys = torch.arange(ids.shape[0] * repeats)
+    return decode(model, ids, mask, pos, p, keys, eos, 0, repeats=repeats, fast=fast)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama_bias", "mistral", "qwen3"])
+def test_fast_steps_give_transformers_tokens_and_log_probs(kind):
+    model = _model(kind)
+    assert fast_decoder_for(model) is not None
+    # an EOS that rows draw early, so rows leave the cache mid-way; two samples per prompt share a prefill
+    probe, _ = _decode(model, False, [])
+    eos = [int(probe[:, 2:6].flatten().mode().values)]
+    calls: list[int] = []
+    handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    for kwargs in ({}, {"repeats": 2, "min_tokens": 3}):
+        calls.clear()
+        tokens, log_probs = _decode(model, True, eos, **kwargs)
+        assert len(calls) == 1  # transformers ran the prefill only
+        ref_tokens, ref_log_probs = _decode(model, False, eos, **kwargs)
+        assert torch.equal(tokens, ref_tokens)
+        assert (tokens == eos[0]).any()
+        torch.testing.assert_close(log_probs, ref_log_probs, rtol=0, atol=2e-6)
+    handle.remove()
+
+
+def test_bf16_step_matches_transformers_to_bf16_precision():
+    model = _model("qwen2", torch.bfloat16)
+    ids, mask, pos = _prompts()
+    p = SamplingParams(
+        temperature=1.0, top_p=1.0, top_k=-1, do_sample=True, n=1, response_length=6, ignore_eos=True
+    )
+    keys = torch.arange(4)
+    tokens, fast = decode(model, ids, mask, pos, p, keys, [], 0, fast=True)
+    ref_tokens, plain = decode(model, ids, mask, pos, p, keys, [], 0, fast=False)
+    # bf16 rounding may flip a draw; up to the first difference of each row the log-probs agree to it
+    same = (tokens == ref_tokens).long().cumprod(-1).bool()
+    assert same[:, 0].all() and same.float().mean() > 0.5
+    diff = (fast - plain).abs()[same]
+    assert diff.max() < 0.1 and diff.mean() < 0.02, diff
+
+
+def test_other_models_keep_transformers_forward():
+    import transformers
+
+    assert (
+        fast_decoder_for(_model("mistral").__class__(transformers.MistralConfig(**COMMON, sliding_window=8)))
+        is None
+    )
+    gelu = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**COMMON, hidden_act="gelu"))
+    assert fast_decoder_for(gelu) is None
+    moe = transformers.Qwen2MoeForCausalLM(
+        transformers.Qwen2MoeConfig(**COMMON, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16)
+    )
+    assert fast_decoder_for(moe) is None
