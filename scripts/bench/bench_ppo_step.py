@@ -7,7 +7,9 @@ Each run is ``python -m rlflow.trainer.main_ppo`` in a fresh process on a tiny Q
 
 * the model FLOPs of each phase (``2 N`` per token forward, ``6 N`` forward + backward, plus causal
   attention; `rlflow.logging.flops.FlopsCounter`), generation counted as one forward over the final
-  sequences (what a KV cache computes);
+  sequences (what a KV cache computes), every sample over its whole sequence (shared-prompt packing and
+  the shared prefill skip the repeated prompts of GRPO's samples, so they do fewer FLOPs than counted:
+  the count is the work of the step, as in MFU, not the arithmetic run);
 * the roofline: step FLOPs / the measured fp32 GEMM rate of the machine with all its cores
   (`rlflow.logging.flops.measure_peak_flops`), i.e. the step time of a perfect implementation; the
   achieved fraction is roofline time / measured step time;
@@ -24,7 +26,8 @@ Benches (the step geometry of docs/benchmarks.md, one optimizer step per rollout
 Layouts (`LAYOUTS`): ``default`` (the shipped demo layout: one rank per role with every core, token-budget
 micro-batches), ``2rank`` (two single-thread ranks), ``2rank-fixed`` (also fixed micro-batches: the
 demo's layout before 2026-12-04), ``fast`` (``default`` with micro-batches as large as the batch) and
-``bypass`` (``fast`` without the old-log-prob pass) and ``bf16`` (``default`` computing in bf16),
+``bypass`` (``fast`` without the old-log-prob pass), ``bf16`` (``default`` computing in bf16) and
+``unshared`` (``default`` without shared-prompt packing: each of a prompt's samples runs its own prompt),
 alternated A B C, C B A, ... for ``--rounds`` rounds. ``--vs-trl`` adds TRL's ``GRPOTrainer`` with the same
 model, prompts, reward and geometry, and ``PPOTrainer`` (policy, reference, value model from the policy's
 weights with a fresh head, the bench's reward model) for the PPO benches from the TRL release at
