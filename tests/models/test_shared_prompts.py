@@ -103,3 +103,37 @@ def test_items_for_token_budget_micro_batches():
     assert (
         shared_prompt_items(torch.cat([ids, one_row]), torch.cat([mask, one_row.clamp(max=1)]), 2, 9) is None
     )
+
+
+@pytest.mark.parametrize("fused_head", [False, True])
+def test_forward_with_shared_prompts_equals_plain_packing(fused_head):
+    """Log-probs, entropy and gradients of the shared packing equal the plain packing's, also through the
+    chunked fused LM head (which reads one label per packed token)."""
+    import copy
+
+    from rlflow.models.forward import forward_micro_batch
+    from rlflow.models.fused_head import install_fused_head
+
+    plain = _attention_model().train()
+    shared = copy.deepcopy(plain)
+    if fused_head:
+        install_fused_head(shared, chunk_size=5)
+    ids, mask, pos = _rows()
+    ids, mask, pos = torch.cat([ids, ids[:1]]), torch.cat([mask, mask[:1]]), torch.cat([pos, pos[:1]])
+    mb = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "responses": ids[:, -2:]}
+    outs = []
+    for model, share in ((plain, False), (shared, True)):
+        out = forward_micro_batch(
+            model, mb, output="log_probs", use_remove_padding=True, temperature=0.8, calculate_entropy=True,
+            share_prompts=share,
+        )  # fmt: skip
+        valid = mask[:, -2:].bool()
+        (out["log_probs"][valid].sum() + 0.3 * out["entropy"][valid].sum()).backward()
+        outs.append((out, {n: p.grad for n, p in model.named_parameters()}))
+    (a, grads_a), (b, grads_b) = outs
+    valid = mask[:, -2:].bool()
+    for key in ("log_probs", "entropy"):
+        torch.testing.assert_close(b[key][valid], a[key][valid], rtol=1e-5, atol=1e-6)
+    for name, grad in grads_a.items():
+        other = grads_b.get(name, grads_b.get(name.replace("lm_head.", "lm_head.linear.")))
+        torch.testing.assert_close(other, grad, rtol=1e-4, atol=1e-6, msg=name)
