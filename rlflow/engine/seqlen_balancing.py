@@ -16,6 +16,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -133,6 +134,29 @@ def _all_reduce_max(values: list[int], group: Any) -> list[int]:
     return [int(v) for v in tensor.tolist()]
 
 
+@dataclass
+class _Units:
+    """What micro-batching balances: single rows, or groups of rows that stay together (sized by
+    ``group_tokens``) as long as there are at least as many groups as micro-batches; beyond that, rows."""
+
+    row_tokens: list[int]
+    groups: list[list[int]] | None = None
+    group_tokens: list[int] | None = None
+
+    def at(self, num: int) -> tuple[list[list[int]], list[int]]:
+        """The units (row lists) and their sizes for ``num`` micro-batches."""
+        if self.groups is not None and num <= len(self.groups):
+            return self.groups, self.group_tokens
+        return [[i] for i in range(len(self.row_tokens))], self.row_tokens
+
+    def partition(self, num: int, max_token_len: int) -> tuple[list[list[int]], bool]:
+        """Sorted row lists of ``num`` balanced micro-batches, and whether each fits ``max_token_len``."""
+        units, sizes = self.at(num)
+        parts = _partition(sizes, num)
+        fits = _fits(sizes, parts, max_token_len)
+        return [sorted(i for u in part for i in units[u]) for part in parts], fits
+
+
 def _partition(seqlens: list[int], num: int) -> list[list[int]]:
     """KK partition into ``num`` micro-batches (one sequence each when ``num`` equals the batch size)."""
     if num == len(seqlens):
@@ -144,10 +168,10 @@ def _fits(seqlens: list[int], partitions: list[list[int]], max_token_len: int) -
     return all(sum(seqlens[i] for i in part) <= max_token_len for part in partitions)
 
 
-def _local_num_micro_batches(seqlens: list[int], max_token_len: int, min_num: int) -> int:
+def _local_num_micro_batches(units: _Units, max_token_len: int, min_num: int) -> int:
     """Smallest ``num >= max(ceil(total / max_token_len), min_num)`` whose KK partition fits the budget."""
-    num = max(math.ceil(sum(seqlens) / max_token_len), min_num, 1)
-    while num < len(seqlens) and not _fits(seqlens, _partition(seqlens, num), max_token_len):
+    num = max(math.ceil(sum(units.at(1)[1]) / max_token_len), min_num, 1)
+    while num < len(units.row_tokens) and not units.partition(num, max_token_len)[1]:
         num += 1
     return num
 
@@ -171,16 +195,13 @@ def _index_batch(batch: Any, idx: list[int]) -> Any:
     return out
 
 
-def _check_budget(
-    seqlens: list[int], max_token_len: int, global_max_len: int, rows: list[int] | None = None
-) -> None:
-    """Raise on every rank when some DP rank holds a sequence longer than the token budget (``rows``: the
-    batch row of each item; an item over the budget is a single row)."""
+def _check_budget(seqlens: list[int], max_token_len: int, global_max_len: int) -> None:
+    """Raise on every rank when some DP rank holds a sequence longer than the token budget."""
     if global_max_len <= max_token_len:
         return
     local = [i for i, n in enumerate(seqlens) if n > max_token_len]
     where = (
-        f"sample {local[0] if rows is None else rows[local[0]]} has {seqlens[local[0]]} tokens"
+        f"sample {local[0]} has {seqlens[local[0]]} tokens"
         if local
         else f"another DP rank has {global_max_len}"
     )
@@ -199,19 +220,17 @@ def _check_enough_samples(num: int, global_min_samples: int) -> None:
         )
 
 
-def _synced_partitions(
-    seqlens: list[int], max_token_len: int, min_num: int, dp_group: Any, rows: list[int] | None = None
-) -> list[list[int]]:
+def _synced_partitions(units: _Units, max_token_len: int, min_num: int, dp_group: Any) -> list[list[int]]:
     """Find a micro-batch count that fits the budget on every DP rank; every rank raises or none does."""
+    seqlens = units.row_tokens
     local_num = (
-        _local_num_micro_batches(seqlens, max_token_len, min_num) if max(seqlens) <= max_token_len else 1
+        _local_num_micro_batches(units, max_token_len, min_num) if max(seqlens) <= max_token_len else 1
     )
     num, neg_min_samples, global_max_len = _all_reduce_max([local_num, -len(seqlens), max(seqlens)], dp_group)
-    _check_budget(seqlens, max_token_len, global_max_len, rows)
+    _check_budget(seqlens, max_token_len, global_max_len)
     while True:
         _check_enough_samples(num, -neg_min_samples)
-        partitions = _partition(seqlens, num)
-        fits = _fits(seqlens, partitions, max_token_len)
+        partitions, fits = units.partition(num, max_token_len)
         (agreed,) = _all_reduce_max([num if fits else num + 1], dp_group)
         if agreed == num:
             return partitions
@@ -244,7 +263,9 @@ def rearrange_micro_batches(
         min_num_micro_batch: lower bound on the number of micro-batches.
         items: ``(row groups, their token counts)`` to balance instead of single rows: each group stays in
             one micro-batch (`rlflow.models.padding.shared_prompt_items`: the samples of a prompt, counted
-            as the shared packing feeds them). None = every row on its own, counted by its valid tokens.
+            as the shared packing feeds them). When the micro-batch count (the most any DP rank needs)
+            exceeds the groups of a rank, that rank balances single rows. None = every row on its own,
+            counted by its valid tokens.
 
     Returns:
         micro_batches: the row subsets of ``batch``, one per micro-batch.
@@ -257,25 +278,21 @@ def rearrange_micro_batches(
         raise ValueError(
             f"batch['attention_mask'] must be a non-empty (bs, seqlen), got {tuple(attention_mask.shape)}"
         )
-    if items is None:
-        seqlens = [int(n) for n in attention_mask.sum(dim=-1).tolist()]
-        groups = [[i] for i in range(len(seqlens))]
-    else:
-        groups, seqlens = items[0], [int(n) for n in items[1]]
-        if sorted(i for g in groups for i in g) != list(range(attention_mask.shape[0])) or len(
-            seqlens
-        ) != len(groups):
+    seqlens = [int(n) for n in attention_mask.sum(dim=-1).tolist()]
+    units = _Units(seqlens)
+    if items is not None:
+        groups, tokens = items[0], [int(n) for n in items[1]]
+        if sorted(i for g in groups for i in g) != list(range(len(seqlens))) or len(groups) != len(tokens):
             raise ValueError("items must hold every row of the batch once, with one token count per group")
+        units = _Units(seqlens, groups, tokens)
     min_num = min_num_micro_batch or 1
-    rows = [g[0] for g in groups]
     if dp_group is not None and same_micro_num_in_dp:
-        partitions = _synced_partitions(seqlens, max_token_len, min_num, dp_group, rows)
+        partitions = _synced_partitions(units, max_token_len, min_num, dp_group)
     else:
-        _check_budget(seqlens, max_token_len, max(seqlens), rows)
-        num = _local_num_micro_batches(seqlens, max_token_len, min_num)
+        _check_budget(seqlens, max_token_len, max(seqlens))
+        num = _local_num_micro_batches(units, max_token_len, min_num)
         _check_enough_samples(num, len(seqlens))
-        partitions = _partition(seqlens, num)
-    partitions = [sorted(i for g in part for i in groups[g]) for part in partitions]
+        partitions = units.partition(num, max_token_len)[0]
     return [_index_batch(batch, part) for part in partitions], partitions
 
 

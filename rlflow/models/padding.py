@@ -286,8 +286,11 @@ def unpad_shared_prompts(
     pos = position_ids.reshape(-1)[indices]
     starts = torch.repeat_interleave(cu_seqlens[:-1].long(), seqlens.long())
     expected = pos[starts] + torch.arange(pos.shape[0], device=pos.device) - starts
-    roots = cu_seqlens[:-1].long()[[sum(len(g) for g in groups[:k]) for k in range(len(groups))]]
-    if bool((pos != expected).any()) or bool((pos[roots] != 0).any()):
+    # a root starts at 0, a branch at its last prompt token's position: the prompt's length - 1
+    prompt_tokens = valid[:, :prompt_len].sum(-1).tolist()
+    firsts = [p for rows in groups for p in (0, *(prompt_tokens[r] - 1 for r in rows[1:]))]
+    firsts_ok = pos[cu_seqlens[:-1].long()] == torch.tensor(firsts, device=pos.device)
+    if bool((pos != expected).any()) or not bool(firsts_ok.all()):
         raise ValueError(
             "position_ids are not 0, 1, 2, ... on the valid tokens of every row (attention_mask == 1); "
             "packed attention would split or merge sequences"

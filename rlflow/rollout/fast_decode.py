@@ -82,6 +82,8 @@ def fast_decoder_for(model: nn.Module) -> FastDecoder | None:
     """
     if type(model).__name__ not in _CLASSES:
         return None
+    if next(model.parameters()).device.type not in ("cpu", "cuda"):
+        return None  # other backends (e.g. lazy tensors) keep transformers' forward
     config = model.config
     inner = getattr(model, "model", None)
     if (

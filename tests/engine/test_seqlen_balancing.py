@@ -105,6 +105,10 @@ def _dp_worker(rank: int) -> dict:
     batch = _batch(seqlens)
     micro, indices = rearrange_micro_batches(batch, max_token_len=12, dp_group=dist.group.WORLD)
     restored = restore_order(torch.cat([mb["x"] for mb in micro]), indices)
+    # shared-prompt items: rank 0's six rows are two groups of three, but rank 1 needs 4 micro-batches, so
+    # rank 0 balances its rows one by one (seen failing: "4 micro-batches are needed but a DP rank has only 2")
+    items = [([[0, 2, 4], [1, 3, 5]], [9, 9]), None][rank]
+    grouped, _ = rearrange_micro_batches(batch, max_token_len=12, dp_group=dist.group.WORLD, items=items)
     too_long = _batch([[5, 5], [5, 13]][rank])  # only rank 1 holds a sequence over the budget
     try:
         rearrange_micro_batches(too_long, max_token_len=12, dp_group=dist.group.WORLD)
@@ -113,6 +117,7 @@ def _dp_worker(rank: int) -> dict:
         error = str(exc)
     return {
         "count": len(micro),
+        "grouped_count": len(grouped),
         "tokens": [int(mb["attention_mask"].sum()) for mb in micro],
         "exact": torch.equal(restored, batch["x"]),
         "error": error,
@@ -122,6 +127,7 @@ def _dp_worker(rank: int) -> dict:
 def test_rearrange_same_count_on_two_dp_ranks() -> None:
     results = spawn_workers(_dp_worker, 2)
     assert [r["count"] for r in results] == [4, 4]
+    assert [r["grouped_count"] for r in results] == [4, 4]
     assert sum(results[0]["tokens"]) == 21 and sum(results[1]["tokens"]) == 41
     assert all(t <= 12 for r in results for t in r["tokens"]) and all(r["exact"] for r in results)
     # every rank raises (no rank left waiting in a collective), each naming the config key

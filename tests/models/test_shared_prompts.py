@@ -47,10 +47,14 @@ def test_nothing_to_share_falls_back(case):
     assert unpad_shared_prompts(ids, mask, pos, response_length=2) is None
 
 
-def test_positions_that_do_not_count_up_are_refused():
+@pytest.mark.parametrize("case", ["a jump in a response", "a branch row shifted as a whole"])
+def test_positions_that_do_not_count_up_from_0_are_refused(case):
     ids, mask, pos = _rows()
     pos = pos.clone()
-    pos[2, 3] = 7
+    if case == "a jump in a response":
+        pos[2, 3] = 7
+    else:
+        pos[2] += 1  # consecutive, but its prompt token would claim a 4-token shared prefix
     with pytest.raises(ValueError, match="position_ids are not 0, 1, 2"):
         unpad_shared_prompts(ids, mask, pos, response_length=2)
 
