@@ -10,9 +10,10 @@ attention of one query token per row as two small matrix products over the cache
 The rotary embedding comes from the model's own ``rotary_emb`` module, so every RoPE variant it implements
 is kept.
 
-Used for ``Qwen2ForCausalLM``, ``LlamaForCausalLM``, ``MistralForCausalLM`` (no sliding window) and
-``Qwen3ForCausalLM`` with SiLU MLPs, standard RMSNorms and one tensor-parallel slice; any other model (or
-configuration) decodes through transformers' forward (`fast_decoder_for` returns None). Its log-probs
+Used on the CPU for ``Qwen2ForCausalLM``, ``LlamaForCausalLM``, ``MistralForCausalLM`` (no sliding window)
+and ``Qwen3ForCausalLM`` with SiLU MLPs, standard RMSNorms and one tensor-parallel slice; any other model,
+configuration or device decodes through transformers' forward (`fast_decoder_for` returns None; on an
+accelerator the fused copies would hold most of the model's weights a second time). Its log-probs
 equal transformers' to float rounding (``tests/rollout/test_fast_decode.py``).
 """
 
@@ -75,15 +76,18 @@ class _Layer:
 
 
 def fast_decoder_for(model: nn.Module) -> FastDecoder | None:
-    """A `FastDecoder` over ``model`` when its architecture is one it reproduces exactly, else None.
+    """A `FastDecoder` over ``model`` on the CPU when its architecture is one it reproduces (to float
+    rounding), else None.
 
     Args:
         model: an unsharded HF causal LM (the rollout's generation replica or a plain module).
     """
     if type(model).__name__ not in _CLASSES:
         return None
-    if next(model.parameters()).device.type not in ("cpu", "cuda"):
-        return None  # other backends (e.g. lazy tensors) keep transformers' forward
+    if next(model.parameters()).device.type != "cpu":
+        # an accelerator would hold the fused copies of the projections next to the weights (most of the
+        # model twice), and other backends (e.g. lazy tensors) run transformers' forward as it is
+        return None
     config = model.config
     inner = getattr(model, "model", None)
     if (

@@ -13,9 +13,9 @@ How one ``generate_sequences`` call runs:
 2. **Decoding.** Our own loop over a ``DynamicCache``: one prefill forward over the (left-padded,
    common-padding-trimmed) prompts, then one forward per new token. Finished rows emit the pad id.
    The ``n`` samples of a prompt share its prefill (one forward per prompt, then its KV cache is
-   repeated) whenever a micro-batch holds whole groups of ``n``. For Qwen2 / Llama / Mistral / Qwen3
-   decoders the steps after the prefill run through `rlflow.rollout.fast_decode.FastDecoder` (fused
-   projections, no per-step mask building), with transformers' numerics.
+   repeated) whenever a micro-batch holds whole groups of ``n``. On the CPU, for Qwen2 / Llama / Mistral /
+   Qwen3 decoders, the steps after the prefill run through `rlflow.rollout.fast_decode.FastDecoder`
+   (fused projections, no per-step mask building), with transformers' numerics.
    ``scripts/bench/bench_generate.py`` compares it with ``model.generate``; numbers in
    ``docs/rollout.md``.
 3. **Sampling** (`rlflow.rollout.sampling`): temperature, top-k, top-p, then inverse-CDF sampling with
