@@ -156,14 +156,13 @@ class _PackedLayout:
     sequences: list[list[tuple[int, int]]]
     cu_seqlens: dict[str, Any] = field(default_factory=dict)
     branch_masks: dict[tuple[int, int, str], torch.Tensor] = field(default_factory=dict)
+    # derived once per forward, read by every layer
+    lengths: list[list[int]] = field(init=False)
+    has_branches: bool = field(init=False)
 
-    @property
-    def lengths(self) -> list[list[int]]:
-        return [[length for length, _ in row] for row in self.sequences]
-
-    @property
-    def has_branches(self) -> bool:
-        return any(first > 0 for row in self.sequences for _, first in row)
+    def __post_init__(self) -> None:
+        self.lengths = [[length for length, _ in row] for row in self.sequences]
+        self.has_branches = any(first > 0 for row in self.sequences for _, first in row)
 
 
 _LAYOUT: _PackedLayout | None = None

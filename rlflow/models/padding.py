@@ -128,6 +128,28 @@ class PackedMicroBatch:
     seqlen: int
 
 
+def _packed(
+    ids: torch.Tensor,
+    pos: torch.Tensor,
+    indices: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    batch: int,
+    seqlen: int,
+) -> PackedMicroBatch:
+    """The one packed row of ``ids`` / ``pos`` (total_tokens,), with next-token labels."""
+    return PackedMicroBatch(
+        input_ids=ids.unsqueeze(0),
+        position_ids=pos.unsqueeze(0),
+        labels=torch.roll(ids, shifts=-1, dims=0).unsqueeze(0),
+        indices=indices,
+        cu_seqlens=cu_seqlens,
+        max_seqlen=max_seqlen,
+        batch_size=batch,
+        seqlen=seqlen,
+    )
+
+
 def _check_consecutive(pos_rmpad: torch.Tensor, cu_seqlens: torch.Tensor) -> None:
     """Raise unless the packed positions of every row are ``0, 1, ..., len - 1`` (what packed attention reads)."""
     seqlens = torch.diff(cu_seqlens).long()
@@ -164,16 +186,7 @@ def unpad_micro_batch(
     ids_rmpad, indices, cu_seqlens, max_seqlen = unpad_input(input_ids, attention_mask)
     pos_rmpad = index_first_axis(position_ids.reshape(-1), indices)
     _check_consecutive(pos_rmpad, cu_seqlens)
-    return PackedMicroBatch(
-        input_ids=ids_rmpad.unsqueeze(0),
-        position_ids=pos_rmpad.unsqueeze(0),
-        labels=torch.roll(ids_rmpad, shifts=-1, dims=0).unsqueeze(0),
-        indices=indices,
-        cu_seqlens=cu_seqlens,
-        max_seqlen=max_seqlen,
-        batch_size=batch,
-        seqlen=seqlen,
-    )
+    return _packed(ids_rmpad, pos_rmpad, indices, cu_seqlens, max_seqlen, batch, seqlen)
 
 
 def _prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int) -> list[list[int]]:
@@ -295,16 +308,7 @@ def unpad_shared_prompts(
             "position_ids are not 0, 1, 2, ... on the valid tokens of every row (attention_mask == 1); "
             "packed attention would split or merge sequences"
         )
-    return PackedMicroBatch(
-        input_ids=ids.unsqueeze(0),
-        position_ids=pos.unsqueeze(0),
-        labels=torch.roll(ids, shifts=-1, dims=0).unsqueeze(0),
-        indices=indices,
-        cu_seqlens=cu_seqlens,
-        max_seqlen=int(seqlens.max()),
-        batch_size=batch,
-        seqlen=seqlen,
-    )
+    return _packed(ids, pos, indices, cu_seqlens, int(seqlens.max()), batch, seqlen)
 
 
 def gather_response_outputs(
