@@ -3,7 +3,9 @@
 `init_distributed` is the only place that calls `torch.distributed.init_process_group`. It reads the
 usual launcher variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``),
 picks gloo on a CPU-only machine and NCCL (plus gloo for CPU tensors) when CUDA is available, and does
-nothing when a process group already exists.
+nothing when a process group already exists. It also keeps the intra-op thread pools of the process's
+other threads at one thread (`serial_side_threads`), so that gloo's threads cannot slow down the
+worker's own CPU ops.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +33,7 @@ __all__ = [
     "get_rank",
     "get_world_size",
     "init_distributed",
+    "serial_side_threads",
     "spawn_workers",
 ]
 
@@ -113,6 +117,32 @@ def _env_int(name: str, default: int | None) -> int:
         raise ValueError(f"environment variable {name}={raw!r} is not an integer") from exc
 
 
+def serial_side_threads() -> int:
+    """Give every thread of this process that has not computed yet a one-thread intra-op pool, keeping
+    the calling thread's own size; returns that size.
+
+    Why: libgomp, the OpenMP runtime of torch's CPU builds, lets its threads spin between parallel regions
+    only while the process holds no more OpenMP threads than it has CPUs; past that, a waiting thread
+    sleeps after about a hundred spins and every parallel region pays a futex wake-up. Gloo's worker
+    threads run the copies that unflatten an all-gather's output as parallel regions of their own, so the
+    first all-gather of a tensor over torch's grain size (32768 elements: the generation replica's
+    weight sync, FSDP's gathers) leaves a second OpenMP team in the process for good. From then on the
+    small ops of the worker's thread ran 4-5x slower (a (16, 128) x (128, 512) matmul 23 -> 105 us with
+    2 threads; decoding the 1M bench model's 16 rows in the actor worker took 0.19 s, 0.10 s outside it).
+
+    torch sizes a thread's pool once, when that thread first asks for it, from a process-wide setting.
+    This fixes the calling thread's size first, then sets the process-wide one to 1 from a short-lived
+    helper thread (`torch.set_num_threads` sets both the process-wide value and the caller's own pool).
+    Threads that compute later (gloo's, a threaded actor's pool) run their ops on one thread each. A
+    later `torch.set_num_threads` in any thread sets the process-wide value again.
+    """
+    threads = torch.get_num_threads()  # sizes this thread's pool (torch does it once per thread)
+    helper = threading.Thread(target=torch.set_num_threads, args=(1,), name="rlflow-serial-side-threads")
+    helper.start()
+    helper.join()
+    return threads
+
+
 def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> DistInfo:
     """Initialise the default process group from the environment (idempotent).
 
@@ -151,6 +181,7 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
         # Ray (and Slurm with GPU binding) shows each process only its own GPU: device 0.
         torch.cuda.set_device(local_rank if torch.cuda.device_count() > 1 else 0)
     kwargs: dict[str, Any] = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
+    serial_side_threads()  # before gloo's threads first compute
     if rank == 0 and _held_store is not None and str(_held_store.port) == os.environ.get("MASTER_PORT"):
         # bound when the port was chosen (bind_master_store); the other ranks rendezvous by env://, whose
         # store torch wraps in PrefixStore("default_pg"), so rank 0's keys get the same prefix
