@@ -48,6 +48,25 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for the few rows of a decoding step, computed as ``weight @ x.T``.
+
+    With 16 rows and weights that do not stay in cache between steps, the BLAS kernel for a tall
+    weight times a narrow input is 1.4-2x faster than the one for a short input times a wide weight
+    (measured on the 13M bench model's shapes: (3072, 384) 842 -> 510 us, (384, 1536) 319 -> 228 us).
+
+    Args:
+        x: (rows, in) activations.
+        weight: (out, in).
+        bias: (out,) or None.
+
+    Returns:
+        (rows, out), a transposed view (the next product reads its transpose, which is contiguous).
+    """
+    out = torch.mm(weight, x.t()) if bias is None else torch.addmm(bias[:, None], weight, x.t())
+    return out.t()
+
+
 def _cat_bias(*layers: nn.Linear) -> torch.Tensor | None:
     biases = [layer.bias for layer in layers]
     if all(b is None for b in biases):
@@ -183,10 +202,10 @@ class FastDecoder:
         group = self.heads // self.kv_heads
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.ln1)
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
-            q = qkv[:, :q_size].view(rows, self.heads, self.head_dim)
-            k = qkv[:, q_size : q_size + kv_size].view(rows, self.kv_heads, self.head_dim)
-            v = qkv[:, q_size + kv_size :].view(rows, self.kv_heads, self.head_dim)
+            qkv = _linear(h, layer.qkv, layer.qkv_bias)
+            q = qkv[:, :q_size].reshape(rows, self.heads, self.head_dim)
+            k = qkv[:, q_size : q_size + kv_size].reshape(rows, self.kv_heads, self.head_dim)
+            v = qkv[:, q_size + kv_size :].reshape(rows, self.kv_heads, self.head_dim)
             if layer.q_norm is not None:
                 q, k = _rms_norm(q, layer.q_norm), _rms_norm(k, layer.k_norm)
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
@@ -194,8 +213,9 @@ class FastDecoder:
             scores = torch.matmul(q.view(rows, self.kv_heads, group, self.head_dim), keys.transpose(-1, -2))
             scores = scores.float().mul_(layer.scaling).add_(bias)
             attn = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
-            x = x + layer.o_proj(attn.reshape(rows, q_size))
+            x = x + _linear(attn.reshape(rows, q_size), layer.o_proj.weight, layer.o_proj.bias)
             h = _rms_norm(x, layer.ln2)
-            gate, up = F.linear(h, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
-        return model.lm_head(_rms_norm(x, model.model.norm))
+            gate, up = _linear(h, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
+            x = x + _linear(F.silu(gate) * up, layer.down.weight, layer.down.bias)
+        head = model.lm_head
+        return _linear(_rms_norm(x, model.model.norm), head.weight, head.bias).contiguous()
