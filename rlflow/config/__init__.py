@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from rlflow.config.schema import SCHEMA_NAME, PPOTrainerConfig, register_configs
 
 if TYPE_CHECKING:
+    from rlflow.config.correction_checks import resolve_bypass_mode
     from rlflow.config.loading import (
         CONFIG_NAME,
         DEMO_CONFIG_NAME,
@@ -62,6 +63,7 @@ _HYDRA_SIDE = {
         ("need_critic", "need_reference_policy", "needed_roles", "update_is_on_policy", "validate_config"),
         "validate",
     ),
+    "resolve_bypass_mode": "correction_checks",
 }
 
 __all__ = [
@@ -77,6 +79,7 @@ __all__ = [
     "need_reference_policy",
     "needed_roles",
     "register_configs",
+    "resolve_bypass_mode",
     "resolve_critic_config_path",
     "to_typed",
     "update_is_on_policy",

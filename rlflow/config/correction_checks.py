@@ -9,9 +9,10 @@ from omegaconf import DictConfig
 from rlflow.algos.rollout_correction import IS_LEVELS, RS_LEVELS
 from rlflow.config.checks import flag, number, positive, value_at
 
-__all__ = ["check_rollout_correction", "rollout_correction_active"]
+__all__ = ["check_rollout_correction", "resolve_bypass_mode", "rollout_correction_active"]
 
 RC = "algorithm.rollout_correction"
+_FP32 = ("fp32", "float32")
 
 
 def rollout_correction_active(cfg: Any) -> bool:
@@ -24,6 +25,55 @@ def rollout_correction_active(cfg: Any) -> bool:
     return (
         rc.rollout_is is not None or rc.rollout_rs is not None or rc.rollout_token_veto_threshold is not None
     )
+
+
+def resolve_bypass_mode(cfg: Any) -> tuple[bool, str]:
+    """Whether the rollout's log-probs stand for the old policy's (no ``compute_log_prob`` pass), and why.
+
+    ``bypass_mode: true`` / ``false`` decide it. ``null`` (the default) bypasses exactly when the pass
+    would recompute what the rollout already computed, to float rounding:
+
+    * the ``hf`` engine: it decodes with the actor's own weights, synced before every call, in the
+      actor's compute dtype;
+    * fp32 throughout (``fsdp_config.model_dtype``, ``mixed_precision.param_dtype``, ``rollout.dtype``):
+      the two computations then agree to about 1e-6 (`tests/rollout/test_hf_rollout.py`), where bf16
+      rounding alone moves a log-prob by 1e-2;
+    * nothing compares the two: no ``rollout_is`` / ``rollout_rs`` / veto / ``use_policy_gradient``,
+      ``actor.tis_imp_ratio_cap <= 0`` and ``rollout.calculate_log_probs=false`` (set it to see the
+      agreement as ``training/rollout_probs_diff_*``, which needs the pass);
+    * the pass would run: not an on-policy update (`update_is_on_policy`), whose own forward gives the
+      old log-probs exactly.
+
+    The rollout then also returns each token's entropy, logged as ``actor/entropy`` as the pass would.
+
+    Args:
+        cfg: the composed config (``DictConfig``) or the typed `PPOTrainerConfig`.
+
+    Returns:
+        ``(bypass, reason)``: the decision and the setting or condition that made it.
+    """
+    from rlflow.config.validate import update_is_on_policy
+
+    rc = cfg.algorithm.rollout_correction
+    if rc.bypass_mode is not None:
+        return bool(rc.bypass_mode), f"{RC}.bypass_mode={str(bool(rc.bypass_mode)).lower()}"
+    arr = cfg.actor_rollout_ref
+    fsdp, rollout = arr.actor.fsdp_config, arr.rollout
+    param_dtype = fsdp.mixed_precision.param_dtype if fsdp.mixed_precision is not None else "fp32"
+    unequal = [
+        (rollout.name != "hf", f"rollout.name={rollout.name} (another engine's numerics)"),
+        (str(fsdp.model_dtype) not in _FP32, f"actor fsdp_config.model_dtype={fsdp.model_dtype}"),
+        (str(param_dtype) not in _FP32, f"actor mixed_precision.param_dtype={param_dtype}"),
+        (rollout.dtype is not None and str(rollout.dtype) not in _FP32, f"rollout.dtype={rollout.dtype}"),
+        (rollout_correction_active(cfg) or bool(rc.use_policy_gradient), f"{RC} compares the two"),
+        (float(arr.actor.tis_imp_ratio_cap) > 0, "actor.tis_imp_ratio_cap compares the two"),
+        (bool(rollout.calculate_log_probs), "rollout.calculate_log_probs=true (the agreement is logged)"),
+        (update_is_on_policy(cfg), "an on-policy update (its own forward gives them exactly)"),
+    ]
+    for hit, why in unequal:
+        if hit:
+            return False, f"{RC}.bypass_mode=null: {why}"
+    return True, f"{RC}.bypass_mode=null: hf engine in fp32, nothing compares them"
 
 
 def _level(cfg: DictConfig, key: str, levels: tuple[str, ...]) -> str | None:
@@ -52,7 +102,10 @@ def check_rollout_correction(cfg: DictConfig) -> None:
     veto = number(cfg, f"{RC}.rollout_token_veto_threshold", allow_none=True)
     if veto is not None and not 0 < veto < 1:
         raise ValueError(f"{RC}.rollout_token_veto_threshold={veto!r} must be in (0, 1) or null")
-    bypass = flag(cfg, f"{RC}.bypass_mode")
+    bypass = value_at(cfg, f"{RC}.bypass_mode")
+    if bypass is not None and not isinstance(bypass, bool):
+        raise ValueError(f"{RC}.bypass_mode={bypass!r} must be true, false or null (null: bypass when equal)")
+    bypass = bool(bypass)  # null never needs calculate_log_probs: the trainer asks the hf engine itself
     if flag(cfg, f"{RC}.use_policy_gradient"):
         _check_policy_gradient(cfg, bypass)
     active = rollout_is is not None or rollout_rs is not None or veto is not None

@@ -487,7 +487,9 @@ class RolloutCorrectionConfig:
         rollout_rs_threshold: upper bound (null = ``rollout_is_threshold``); ``rollout_rs_threshold_lower``
             the lower (null = 1 / upper).
         rollout_token_veto_threshold: drop a response with any token ratio below this (null = off).
-        bypass_mode: no ``compute_log_prob`` pass: the rollout's log-probs are the old policy's.
+        bypass_mode: no ``compute_log_prob`` pass: the rollout's log-probs are the old policy's. null (the
+            default): only where they equal the pass's to float rounding, i.e. the hf engine in fp32 with
+            nothing comparing the two (`rlflow.config.resolve_bypass_mode`); verl's default is false.
         use_policy_gradient: with ``bypass_mode``, the policy loss is REINFORCE weighted by these
             settings' weights of the current policy against the rollout's, recomputed in every micro-batch
             (`rlflow.algos.reinforce_loss`) instead of ``policy_loss.loss_mode``.
@@ -500,7 +502,7 @@ class RolloutCorrectionConfig:
     rollout_rs_threshold: float | None = None
     rollout_rs_threshold_lower: float | None = None
     rollout_token_veto_threshold: float | None = None
-    bypass_mode: bool = False
+    bypass_mode: bool | None = None
     use_policy_gradient: bool = False
 
 

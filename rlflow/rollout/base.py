@@ -180,6 +180,7 @@ def build_rollout_output(
     responses: torch.Tensor,
     eos_token_ids: Sequence[int],
     rollout_log_probs: torch.Tensor | None = None,
+    rollout_entropy: torch.Tensor | None = None,
 ) -> DataProto:
     """Assemble the verl-format rollout output from (already ``n``-repeated) prompts and responses.
 
@@ -189,10 +190,12 @@ def build_rollout_output(
         responses: ``(bs*n, response_length)`` generated ids, right-padded.
         eos_token_ids: ids that end a response (the first one is included in the mask).
         rollout_log_probs: optional ``(bs*n, response_length)`` log-probs; zeroed where the mask is 0.
+        rollout_entropy: optional ``(bs*n, response_length)`` entropies of the sampling distributions
+            (full, at the log-prob temperature); zeroed where the mask is 0.
 
     Returns:
         DataProto with ``prompts``, ``responses``, ``input_ids``, ``attention_mask``, ``position_ids``,
-        ``response_mask`` and, when given, ``rollout_log_probs``.
+        ``response_mask`` and, when given, ``rollout_log_probs`` and ``rollout_entropy``.
     """
     batch = prompts.batch
     prompt_ids, prompt_mask, prompt_pos = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
@@ -215,6 +218,8 @@ def build_rollout_output(
     }
     if rollout_log_probs is not None:
         tensors["rollout_log_probs"] = torch.where(response_mask.bool(), rollout_log_probs, 0.0)
+    if rollout_entropy is not None:
+        tensors["rollout_entropy"] = torch.where(response_mask.bool(), rollout_entropy, 0.0)
     return DataProto.from_dict(
         tensors=tensors, non_tensors=dict(prompts.non_tensor_batch), meta_info=dict(prompts.meta_info)
     )

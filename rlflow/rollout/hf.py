@@ -62,6 +62,7 @@ from rlflow.rollout.kv_cache import PreallocatedCache, supports_preallocated_cac
 from rlflow.rollout.sampling import row_keys, sample_next_token
 from rlflow.rollout.weights import full_weights
 from rlflow.utils.dtypes import to_torch_dtype
+from rlflow.utils.torch_functional import entropy_from_logits
 
 if TYPE_CHECKING:
     from rlflow.config.schema import RolloutSection
@@ -106,7 +107,8 @@ def decode(
     pad_token_id: int,
     repeats: int = 1,
     fast: bool | FastDecoder = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Generate up to ``params.response_length`` tokens for one micro-batch with the KV cache (allocated
     once, `rlflow.rollout.kv_cache.PreallocatedCache`, for full-attention decoders).
 
@@ -134,10 +136,13 @@ def decode(
         repeats: output rows per prompt row (consecutive).
         fast: the decoding steps after the prefill run through a `FastDecoder` (this one, or one built for
             the call when True and the architecture has one); False = transformers' forward every step.
+        entropy: also return the entropy of each step's full distribution at the log-prob temperature
+            (what the trainer's ``compute_log_prob`` reports as ``actor/entropy``).
 
     Returns:
-        ``responses``: ``(rows * repeats, steps)`` int64 and ``log_probs``: ``(rows * repeats, steps)``
-        float32 (0 after EOS), with ``steps <= params.response_length`` the number of decoding steps run.
+        ``responses``: ``(rows * repeats, steps)`` int64, ``log_probs``: ``(rows * repeats, steps)``
+        float32 (0 after EOS), with ``steps <= params.response_length`` the number of decoding steps run,
+        and the entropies (same shape and zeros; None unless ``entropy``).
     """
     if repeats < 1:
         raise ValueError(f"decode: repeats={repeats} must be >= 1")
@@ -154,6 +159,7 @@ def decode(
         raise ValueError(f"decode: {keys.shape[0]} sampling keys for {rows} output rows")
     responses = torch.full((rows, length), pad_token_id, dtype=torch.int64, device=device)
     log_probs = torch.zeros((rows, length), dtype=torch.float32, device=device)
+    entropies = torch.zeros((rows, length), dtype=torch.float32, device=device) if entropy else None
     eos = torch.tensor(list(eos_token_ids), dtype=torch.int64, device=device)
     stop = eos[:0] if params.ignore_eos else eos
     active = torch.arange(rows, device=device)  # original row of each row still decoding
@@ -184,9 +190,15 @@ def decode(
         token, log_prob = sample_next_token(logits.float(), params, keys, t, banned)
         responses[active, t] = token
         log_probs[active, t] = log_prob
+        if entropies is not None:
+            entropies[active, t] = entropy_from_logits(logits.float() / params.logprob_temperature)
         finished = torch.isin(token, stop)
         if t + 1 == length or bool(finished.all()):
-            return responses[:, : t + 1], log_probs[:, : t + 1]
+            return (
+                responses[:, : t + 1],
+                log_probs[:, : t + 1],
+                None if entropies is None else entropies[:, : t + 1],
+            )
         if bool(finished.any()):
             active, token, keys, attention_mask, position = _drop_finished_rows(
                 finished, cache, active, token, keys, attention_mask, position
@@ -206,7 +218,7 @@ def decode(
             use_cache=True,
         )
         cache, logits = out.past_key_values, out.logits[:, -1, :]
-    return responses, log_probs  # only reached when response_length == 0 (rejected by the config)
+    return responses, log_probs, entropies  # only reached when response_length == 0 (rejected by the config)
 
 
 def _pad_right(x: torch.Tensor, length: int, value: float) -> torch.Tensor:
@@ -476,12 +488,17 @@ class HFRollout(BaseRollout):
                 left-padded; ``meta_info`` may set ``eos_token_id``, ``pad_token_id``, ``validate``,
                 ``global_steps``, ``row_offset`` (the call's first row in the step's rows: later rounds of
                 dynamic sampling continue the numbering, so they draw fresh noise) and per-call
-                ``temperature``, ``top_p``, ``top_k``, ``do_sample``, ``n``, ``response_length``.
+                ``temperature``, ``top_p``, ``top_k``, ``do_sample``, ``n``, ``response_length``, and
+                ``calculate_log_probs`` / ``calculate_entropy`` (the trainer asks for both when the rollout's
+                log-probs stand for the old policy's: `rlflow.config.resolve_bypass_mode`).
 
         Returns:
             DataProto of ``bs * n`` rows (see `build_rollout_output` for the keys).
         """
         self._check_prompts(prompts)
+        meta = prompts.meta_info
+        want_log_probs = bool(self.config.calculate_log_probs or meta.get("calculate_log_probs", False))
+        want_entropy = bool(meta.get("calculate_entropy", False))
         params = resolve_sampling_params(self.config, prompts.meta_info)
         eos, pad = self._token_ids(prompts.meta_info)
         batch = prompts.repeat(params.n, interleave=True) if params.n > 1 else prompts
@@ -494,14 +511,14 @@ class HFRollout(BaseRollout):
         # the n samples of a prompt share one prefill when a micro-batch holds whole groups of them
         repeats = params.n if params.n > 1 and step % params.n == 0 else 1
         source = prompts if repeats > 1 else batch
-        responses, log_probs = [], []
+        responses, log_probs, entropies = [], [], []
         with self.generation_model() as model:
             device = next(model.parameters()).device
             fast = fast_decoder_for(model) or False  # the fused projections, once per call
             for start in range(0, rows, step):
                 first_prompt = start // repeats
                 part = source.batch[first_prompt : first_prompt + step // repeats].to(device)
-                tokens, lps = decode(
+                tokens, lps, ents = decode(
                     model,
                     part["input_ids"],
                     part["attention_mask"],
@@ -512,10 +529,16 @@ class HFRollout(BaseRollout):
                     pad,
                     repeats=repeats,
                     fast=fast,
+                    entropy=want_entropy,
                 )
                 responses.append(_pad_right(tokens, params.response_length, pad))
                 log_probs.append(_pad_right(lps, params.response_length, 0.0))
+                if ents is not None:
+                    entropies.append(_pad_right(ents, params.response_length, 0.0))
         out_device = batch.batch["input_ids"].device
         responses_t = torch.cat(responses).to(out_device)
-        log_probs_t = torch.cat(log_probs).to(out_device) if self.config.calculate_log_probs else None
-        return build_rollout_output(batch, responses_t, [] if params.ignore_eos else eos, log_probs_t)
+        log_probs_t = torch.cat(log_probs).to(out_device) if want_log_probs else None
+        entropy_t = torch.cat(entropies).to(out_device) if want_entropy else None
+        return build_rollout_output(
+            batch, responses_t, [] if params.ignore_eos else eos, log_probs_t, rollout_entropy=entropy_t
+        )

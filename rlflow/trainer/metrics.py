@@ -25,6 +25,7 @@ __all__ = [
     "compute_timing_metrics",
     "expected_best_of_k",
     "reduce_metrics",
+    "rollout_entropy",
     "rollout_probs_diff",
     "validation_metrics",
 ]
@@ -274,6 +275,22 @@ def rollout_probs_diff(batch: Any) -> dict[str, float]:
         "training/rollout_probs_diff_mean": float(diff.mean()),
         "training/rollout_probs_diff_std": std,
     }
+
+
+def rollout_entropy(batch: Any) -> dict[str, float]:
+    """``actor/entropy`` from the rollout (popped from ``batch``) when it stood in for the ``compute_log_prob``
+    pass (bypass mode): the token-mean over the valid response tokens of the whole batch, as that pass
+    computes it; {} when the rollout did not report entropies.
+
+    Args:
+        batch: with ``response_mask`` and, from the hf engine, ``rollout_entropy``: (bs, response_len).
+    """
+    tensors = _batch_tensors(batch)
+    if "rollout_entropy" not in tensors.keys():
+        return {}
+    entropy = tensors.pop("rollout_entropy").double()
+    mask = _require(tensors, "response_mask", "rollout_entropy").double()
+    return {"actor/entropy": float((entropy * mask).sum() / mask.sum().clamp(min=1))}
 
 
 def expected_best_of_k(scores: Sequence[float], k: int) -> float:

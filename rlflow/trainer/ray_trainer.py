@@ -26,7 +26,7 @@ import torch
 from rlflow.algos.advantages import advantage_metrics, compute_advantage, get_estimator_info
 from rlflow.algos.rollout_correction import correct_rollout_batch
 from rlflow.config import need_critic, to_typed, update_is_on_policy
-from rlflow.config.correction_checks import rollout_correction_active
+from rlflow.config.correction_checks import resolve_bypass_mode, rollout_correction_active
 from rlflow.config.schema import PPOTrainerConfig
 from rlflow.engine.seqlen_balancing import balance_batch_across_dp, rows_by_key
 from rlflow.logging.tracking import ProgressBar
@@ -39,6 +39,7 @@ from rlflow.trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
+    rollout_entropy,
     rollout_probs_diff,
     validation_metrics,
 )
@@ -108,7 +109,7 @@ class RayPPOTrainer:
         )
         # One epoch over one mini-batch: the update's own forward gives the old policy's log-probs.
         correction = config.algorithm.rollout_correction
-        self.bypass_old_log_prob = bool(correction.bypass_mode)
+        self.bypass_old_log_prob, bypass_why = resolve_bypass_mode(config)
         self.recompute_old_log_prob = not (self.bypass_old_log_prob or update_is_on_policy(config))
         # use_policy_gradient: the actor's loss recomputes weights and rejection in every micro-batch
         self.rollout_correction = (
@@ -121,8 +122,9 @@ class RayPPOTrainer:
             )
         elif self.bypass_old_log_prob:
             logger.info(
-                "algorithm.rollout_correction.bypass_mode: the rollout's log-probs are the old policy's (no "
-                "compute_log_prob pass; rollout_is / rollout_rs then see identical log-probs: weights 1)"
+                "%s: the rollout's log-probs are the old policy's (no compute_log_prob pass; rollout_is / "
+                "rollout_rs then see identical log-probs: weights 1)",
+                bypass_why,
             )
         elif not self.recompute_old_log_prob:
             logger.info(
@@ -249,6 +251,7 @@ class RayPPOTrainer:
                     metrics.update(self._old_log_prob(batch))
             elif self.bypass_old_log_prob:
                 batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"].clone()
+                metrics.update(rollout_entropy(batch))
             if self.rollout_correction is not None:
                 metrics.update(correct_rollout_batch(batch, self.rollout_correction))
             if self.groups.ref is not None:
@@ -427,11 +430,14 @@ class RayPPOTrainer:
         return self._eos_ids
 
     def _generation_meta(self, validate: bool) -> dict[str, Any]:
+        bypass = self.bypass_old_log_prob and not validate  # the hf engine reports what the pass would
         return {
             "eos_token_id": self._eos_token_ids(),
             "pad_token_id": self.tokenizer.pad_token_id,
             "global_steps": self.global_steps,
             "validate": validate,
+            "calculate_log_probs": bypass,
+            "calculate_entropy": bypass,
         }
 
     def _balance(self, batch: DataProto) -> None:

@@ -102,6 +102,7 @@ def test_the_base_config_is_the_schema_with_verls_defaults():
     assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 8
     assert cfg.algorithm.adv_estimator == "gae" and cfg.custom_reward_function.name == "compute_score"
     assert cfg.algorithm.custom_advantage_function.name is None
+    assert cfg.algorithm.rollout_correction.bypass_mode is None  # verl: false
     assert need_critic(cfg) and not need_reference_policy(cfg)
 
 

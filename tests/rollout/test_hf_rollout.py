@@ -216,6 +216,26 @@ def test_rollout_log_probs_match_fresh_forward(model, tokens):
     assert bool((lp[~mask] == 0).all())
 
 
+def test_entropy_and_log_probs_on_request_match_fresh_forward(model, tokens):
+    """``meta_info`` ``calculate_log_probs`` / ``calculate_entropy`` (what the trainer asks for when the
+    rollout's log-probs stand for the old policy's): the full distribution's entropy at the log-prob
+    temperature, by hand from one fresh forward, with top-k / top-p on for the pick only."""
+    temperature = 0.7
+    plain = _generate(model, tokens, meta={"eos_token_id": [2, 5, 9]}, temperature=temperature, top_k=20)
+    assert "rollout_log_probs" not in plain.batch.keys() and "rollout_entropy" not in plain.batch.keys()
+    meta = {"eos_token_id": [2, 5, 9], "calculate_log_probs": True, "calculate_entropy": True}
+    out = _generate(model, tokens, meta=meta, temperature=temperature, top_k=20, top_p=0.9, n=2)
+    logp = torch.log_softmax(_full_forward_logits(model, out) / temperature, -1)
+    ref = -(logp.exp() * logp).sum(-1)
+    mask = out.batch["response_mask"].bool()
+    ent = out.batch["rollout_entropy"]
+    assert float(ref[mask].min()) > 0.5  # a spread distribution: the check is not of zeros
+    assert (ref[mask] - ent[mask]).abs().max() <= 1e-5
+    assert bool((ent[~mask] == 0).all())
+    lp = logp.gather(-1, out.batch["responses"].unsqueeze(-1)).squeeze(-1)
+    assert (lp[mask] - out.batch["rollout_log_probs"][mask]).abs().max() <= 1e-5
+
+
 def test_left_padding_invariance(model, tokens):
     target = tokens[0]
     others = random_token_lists([4, 7], seed=5)

@@ -69,7 +69,16 @@ def runs(tmp_path_factory) -> dict:
             config_name="demo_two_ranks",
         )
     )["history"]
-    return {"decoupled": decoupled[0], "bypass": bypass[0], "reinforce": reinforce[0], "profile": traces}
+    auto = run_ppo(  # bypass_mode null (the default) and nothing comparing the two: the pass is skipped
+        load_config(_overrides(tmp / "a", "trainer.total_training_steps=1"), config_name="demo_two_ranks")
+    )["history"]
+    return {
+        "decoupled": decoupled[0],
+        "bypass": bypass[0],
+        "reinforce": reinforce[0],
+        "auto": auto[0],
+        "profile": traces,
+    }
 
 
 def test_decoupled_mode_weights_are_one_and_nothing_is_rejected(runs):
@@ -92,6 +101,19 @@ def test_bypass_mode_skips_the_old_log_prob_pass_and_matches_the_decoupled_step(
     scale = abs(decoupled["actor/pg_loss"]) + 1e-3
     assert bypass["actor/pg_loss"] == pytest.approx(decoupled["actor/pg_loss"], abs=1e-4 * scale)
     assert bypass["actor/ppo_kl"] == pytest.approx(decoupled["actor/ppo_kl"], abs=1e-5)
+
+
+def test_default_skips_the_pass_and_logs_the_rollouts_entropy(runs):
+    """``bypass_mode: null`` with the hf engine in fp32: no ``compute_log_prob`` pass, and ``actor/entropy``
+    (the old policy's, whole batch) from the rollout's distributions equals the decoupled run's pass."""
+    decoupled, auto = runs["decoupled"], runs["auto"]
+    assert "timing_s/old_log_prob" not in auto
+    assert not any(k.startswith(("rollout_corr/", "training/rollout_probs_diff")) for k in auto)
+    assert auto["response_length/mean"] == decoupled["response_length/mean"]
+    assert auto["actor/entropy"] == pytest.approx(decoupled["actor/entropy"], rel=1e-5)
+    scale = abs(decoupled["actor/pg_loss"]) + 1e-3
+    assert auto["actor/pg_loss"] == pytest.approx(decoupled["actor/pg_loss"], abs=1e-4 * scale)
+    assert auto["actor/ppo_kl"] == pytest.approx(decoupled["actor/ppo_kl"], abs=1e-5)
 
 
 def test_policy_gradient_mode_weights_the_reinforce_loss_in_the_update(runs):
