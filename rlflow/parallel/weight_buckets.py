@@ -18,7 +18,9 @@ so a parameter's full tensor is its ``c``-row pieces of every block, concatenate
 Peak extra memory: about two buckets (the gathered buffer and the full tensors cut from it). A
 parameter larger than the bucket is a bucket of its own. Parameters that are not sharded this way
 (plain tensors, other placements, CPU-offloaded shards on a CUDA mesh) are gathered one at a time as
-before. Collective: every rank of the mesh must exhaust the iterator in step.
+before. Collective: every rank of the mesh must exhaust the iterator in step. On a one-rank mesh (the CPU
+demo's layout) a shard is the whole parameter and is copied once, without a collective (13M: the replica's
+weight sync 0.10 -> 0.06 s).
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ def _gather_shard0(params: list[DTensor]) -> list[torch.Tensor]:
     """Full tensors of dim-0 sharded DTensors on one 1-D mesh, with one all-gather (see the module doc)."""
     mesh = params[0].device_mesh
     world = mesh.size(0)
+    if world == 1:  # the shard is the whole tensor: one copy instead of pack, gather, unpack and cut
+        return [p.to_local().detach().clone() for p in params]
     rows = [math.ceil(p.shape[0] / world) for p in params]
     widths = [r * math.prod(p.shape[1:]) for p, r in zip(params, rows)]
     pieces = []

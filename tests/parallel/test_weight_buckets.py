@@ -122,3 +122,23 @@ def _worker_older_torch(rank: int) -> dict:
 def test_buckets_gather_on_a_torch_without_all_gather_single():
     for out in spawn_workers(_worker_older_torch, 2):
         assert out == {"exact": True, "gathers": 3, "buckets": 3}
+
+
+def _worker_one_rank(rank: int) -> dict:
+    calls = _count_gathers()
+    model = Toy()
+    reference = {name: p.detach().clone() for name, p in model.named_parameters()}
+    fully_shard(model)
+    buckets = list(iter_full_param_buckets(model, 90))
+    exact = all(
+        torch.equal(t, reference[name]) and t.data_ptr() != getattr(model, name).to_local().data_ptr()
+        for b in buckets
+        for name, t in b
+    )
+    return {"exact": exact, "gathers": calls[0], "buckets": [[name for name, _ in b] for b in buckets]}
+
+
+def test_one_rank_copies_its_shards_without_a_collective():
+    """A one-rank mesh (the CPU demo's layout) holds every parameter whole: fresh copies, no all-gather."""
+    [out] = spawn_workers(_worker_one_rank, 1)
+    assert out == {"exact": True, "gathers": 0, "buckets": EXPECTED[90]}
