@@ -20,7 +20,7 @@ parameter larger than the bucket is a bucket of its own. Parameters that are not
 (plain tensors, other placements, CPU-offloaded shards on a CUDA mesh) are gathered one at a time as
 before. Collective: every rank of the mesh must exhaust the iterator in step. On a one-rank mesh (the CPU
 demo's layout) a shard is the whole parameter and is copied once, without a collective (13M: the replica's
-weight sync 0.10 -> 0.06 s).
+weight sync 0.09-0.11 -> 0.02-0.04 s).
 """
 
 from __future__ import annotations
