@@ -178,6 +178,7 @@ class RayWorkerGroup:
             env = {
                 **inherited,
                 "OMP_NUM_THREADS": str(self.resource_pool.cpu_threads()),
+                **self.resource_pool.allocator_env(),
                 **env_vars,
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world),

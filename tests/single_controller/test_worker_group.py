@@ -76,6 +76,10 @@ class EchoWorker(Worker):
         return torch.get_num_threads()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def malloc_env(self) -> dict:
+        return {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def die_on_rank(self, rank: int, block_s: float) -> int:
         if self.rank == rank:
             os._exit(1)
@@ -334,6 +338,8 @@ def test_colocated_roles_each_compute_with_every_cpu_of_the_bundle(monkeypatch):
     """Colocated roles take turns, so each one's intra-op threads are the bundle's CPUs, not its
     fractional Ray share (1 CPU of a 2-CPU bundle shared by two roles)."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for key in [k for k in os.environ if k.startswith("MALLOC_")]:
+        monkeypatch.delenv(key)
     pool = RayResourcePool([1], cpus_per_bundle=2.0, name_prefix="threads", max_colocate_count=2)
     groups = []
     try:
@@ -342,6 +348,11 @@ def test_colocated_roles_each_compute_with_every_cpu_of_the_bundle(monkeypatch):
         assert [g.threads() for g in groups] == [[2], [2]]
         monkeypatch.setenv("OMP_NUM_THREADS", "1")  # an explicit setting in the driver's environment wins
         assert pool.cpu_threads() == 1
+        # CPU pools: glibc keeps freed memory (4 GiB mmap threshold, 16 GiB trim threshold)
+        keep = {"MALLOC_MMAP_THRESHOLD_": str(4 << 30), "MALLOC_TRIM_THRESHOLD_": str(16 << 30)}
+        assert groups[0].malloc_env() == [keep] and pool.allocator_env() == keep
+        monkeypatch.setenv("MALLOC_ARENA_MAX", "2")  # the user's own malloc tuning: ours left out
+        assert pool.allocator_env() == {}
     finally:
         for g in groups:
             g.shutdown()
