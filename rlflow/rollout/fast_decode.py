@@ -5,8 +5,9 @@ per-call Python and small ops than in arithmetic: building the 4-D mask from the
 embedding, three projections for q, k and v and two for gate and up, output dataclasses. `FastDecoder`
 runs the same step from the model's own modules with the projections of a layer fused into one matrix
 each (q|k|v and gate|up, concatenated once per generation call, since the weights change every training
-step), the keys and values written into the `PreallocatedCache` that transformers' prefill filled, and the
-attention of one query token per row as two small matrix products over the cache with an additive mask row.
+step) and every projection computed as ``weight @ x.T`` (`_linear`), the keys and values written into
+the `PreallocatedCache` that transformers' prefill filled, and the attention of one query token per row as
+two small matrix products over the cache with an additive mask row.
 The rotary embedding comes from the model's own ``rotary_emb`` module, so every RoPE variant it implements
 is kept.
 

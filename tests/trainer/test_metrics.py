@@ -28,6 +28,7 @@ from rlflow.trainer.metrics import (
     compute_timing_metrics,
     expected_best_of_k,
     reduce_metrics,
+    rollout_entropy,
     validation_metrics,
 )
 
@@ -362,3 +363,16 @@ def test_validation_metrics_refuses_broken_groups():
         validation_metrics(["s"] * 6, [0.0] * 6, 4)
     with pytest.raises(ValueError, match="mix data sources"):
         validation_metrics(["a", "b"], [0.0, 1.0], 2)
+
+
+def test_rollout_entropy_is_the_whole_batch_token_mean_and_leaves_the_batch():
+    """Bypass mode: ``actor/entropy`` from the rollout's per-token entropies, over valid tokens only."""
+    batch = DataProto.from_dict(
+        {
+            "rollout_entropy": torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]),
+            "response_mask": torch.tensor([[1, 1, 0], [1, 0, 0]]),
+        }
+    )
+    assert rollout_entropy(batch) == {"actor/entropy": pytest.approx((1 + 2 + 4) / 3, rel=1e-12)}
+    assert "rollout_entropy" not in batch.batch.keys()  # not shipped on to the updates
+    assert rollout_entropy(batch) == {}
