@@ -62,7 +62,6 @@ from rlflow.rollout.kv_cache import PreallocatedCache, supports_preallocated_cac
 from rlflow.rollout.sampling import row_keys, sample_next_token
 from rlflow.rollout.weights import full_weights
 from rlflow.utils.dtypes import to_torch_dtype
-from rlflow.utils.torch_functional import entropy_from_logits
 
 if TYPE_CHECKING:
     from rlflow.config.schema import RolloutSection
@@ -187,11 +186,11 @@ def decode(
         )
     for t in range(length):
         banned = eos if t < params.min_tokens else None
-        token, log_prob = sample_next_token(logits.float(), params, keys, t, banned)
+        token, log_prob, token_entropy = sample_next_token(logits.float(), params, keys, t, banned, entropy)
         responses[active, t] = token
         log_probs[active, t] = log_prob
         if entropies is not None:
-            entropies[active, t] = entropy_from_logits(logits.float() / params.logprob_temperature)
+            entropies[active, t] = token_entropy
         finished = torch.isin(token, stop)
         if t + 1 == length or bool(finished.all()):
             return (

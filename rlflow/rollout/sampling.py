@@ -131,7 +131,8 @@ def sample_next_token(
     keys: torch.Tensor,
     position: int,
     banned: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Pick the next token of every row and its log-prob under ``log_softmax(logits / T)``.
 
     Args:
@@ -141,10 +142,12 @@ def sample_next_token(
         position: index of the token being generated (selects the uniform).
         banned: token ids that may not be picked (``min_tokens``: the EOS ids); their probability goes to
             the others for the pick only, the returned log-probs are of the full distribution.
+        entropy: also return the entropy of that full distribution, from the same ``log_softmax``.
 
     Returns:
         ``tokens``: ``(rows,)`` int64; ``log_probs``: ``(rows,)`` float32, log-prob of each token under
-        ``logits / params.logprob_temperature`` before top-k / top-p.
+        ``logits / params.logprob_temperature`` before top-k / top-p; ``entropy``: ``(rows,)`` float32,
+        or None unless asked for.
     """
     scaled = logits / params.logprob_temperature
     allowed = scaled
@@ -157,5 +160,9 @@ def sample_next_token(
         cdf = filtered.softmax(dim=-1).to(torch.float64).cumsum(dim=-1)
         target = counter_uniform(keys, position).unsqueeze(-1) * cdf[:, -1:]
         tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
-    log_probs = scaled.log_softmax(dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    return tokens, log_probs
+    log_softmax = scaled.log_softmax(dim=-1)
+    log_probs = log_softmax.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    if not entropy:
+        return tokens, log_probs, None
+    probs = log_softmax.exp()
+    return tokens, log_probs, -torch.special.xlogy(probs, probs).sum(dim=-1)  # 0 log 0 = 0

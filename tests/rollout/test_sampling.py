@@ -68,7 +68,9 @@ def test_sampled_frequencies_match_filtered_softmax():
     logits = torch.tensor([2.0, 1.0, 0.5, -1.0, 0.0])
     rows = 40_000
     params = _params(temperature=0.8, top_k=3)
-    tokens, log_probs = sample_next_token(logits.expand(rows, -1).clone(), params, row_keys(0, 0, 0, rows), 0)
+    tokens, log_probs, _ = sample_next_token(
+        logits.expand(rows, -1).clone(), params, row_keys(0, 0, 0, rows), 0
+    )
     expected = torch.zeros(5, dtype=torch.float64)
     top = torch.tensor([0, 1, 2])
     expected[top] = torch.softmax(logits[top].double() / 0.8, dim=-1)
@@ -84,7 +86,7 @@ def test_sampled_frequencies_match_filtered_softmax():
 def test_top_p_sampling_frequencies():
     probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
     rows = 40_000
-    tokens, _ = sample_next_token(
+    tokens, _, _ = sample_next_token(
         torch.log(probs).expand(rows, -1).clone(), _params(top_p=0.45), row_keys(1, 0, 0, rows), 0
     )
     freq = torch.bincount(tokens, minlength=4).double() / rows
@@ -98,7 +100,7 @@ def test_top_p_sampling_frequencies():
 def test_greedy_is_argmax_with_logprob_temperature(kw):
     logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 2.9]])
     params = _params(**kw)
-    tokens, log_probs = sample_next_token(logits, params, row_keys(0, 0, 0, 2), 0)
+    tokens, log_probs, _ = sample_next_token(logits, params, row_keys(0, 0, 0, 2), 0)
     assert tokens.tolist() == [1, 0]
     temperature = kw["temperature"] if kw["temperature"] > 0 else 1.0  # T = 0 -> log-probs at T = 1
     ref = torch.log_softmax(logits / temperature, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
