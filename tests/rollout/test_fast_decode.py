@@ -8,7 +8,7 @@ import torch
 
 from rlflow.models.attention import GENERATION_ATTENTION
 from rlflow.rollout.base import SamplingParams
-from rlflow.rollout.fast_decode import fast_decoder_for
+from rlflow.rollout.fast_decode import FastDecoder, Projection, fast_decoder_for, packed_projections_available
 from rlflow.rollout.hf import decode
 
 VOCAB = 64
@@ -112,3 +112,48 @@ def test_other_models_keep_transformers_forward():
         transformers.Qwen2MoeConfig(**COMMON, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16)
     )
     assert fast_decoder_for(moe) is None
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_projection_gives_f_linear_for_any_row_count(with_bias):
+    g = torch.Generator().manual_seed(2)
+    weight = torch.randn(48, 40, generator=g)
+    bias = torch.randn(48, generator=g) if with_bias else None
+    x = torch.randn(16, 40, generator=g)
+    expected = torch.nn.functional.linear(
+        x.double(), weight.double(), None if bias is None else bias.double()
+    )
+    for pack in (True, False):
+        projection = Projection(weight, bias, pack=pack, min_bytes=0)
+        assert projection.packed == (pack and packed_projections_available())
+        for rows in (16, 5, 1):  # rows leave the batch as they finish
+            out = projection(x[:rows])
+            assert out.shape == (rows, 48) and out.dtype == torch.float32
+            # fp32 products of 40 terms of scale ~6: rounding ~1e-6
+            torch.testing.assert_close(out.double(), expected[:rows], rtol=0, atol=2e-5)
+
+
+def test_packed_projection_keeps_the_weight_of_its_generation_call():
+    if not packed_projections_available():
+        pytest.skip("this torch build has no oneDNN")
+    weight, x = torch.randn(8, 4), torch.randn(2, 4)
+    projection = Projection(weight, None, min_bytes=0)
+    assert projection.packed and not Projection(weight, None).packed  # 128 bytes: below PACK_MIN_BYTES
+    before = projection(x)
+    weight.add_(1.0)  # an optimizer step after the call: the call's copy does not follow
+    torch.testing.assert_close(projection(x), before)
+
+
+def test_packed_and_plain_decoding_agree():
+    """The oneDNN kernel sums in another order than MKL's: same tokens, log-probs to float rounding."""
+    model = _model("qwen2")
+    ids, mask, pos = _prompts()
+    p = SamplingParams(
+        temperature=1.0, top_p=1.0, top_k=-1, do_sample=True, n=1, response_length=12, ignore_eos=True
+    )
+    keys = torch.arange(4)
+    packed, plain = FastDecoder(model, min_bytes=0), FastDecoder(model, pack=False)
+    assert packed.lm_head.packed == packed_projections_available() and not plain.lm_head.packed
+    runs = [decode(model, ids, mask, pos, p, keys, [], 0, fast=fast) for fast in (packed, plain)]
+    assert torch.equal(runs[0][0], runs[1][0])
+    torch.testing.assert_close(runs[0][1], runs[1][1], rtol=0, atol=2e-6)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rlflow.protocol import DataProto
+from rlflow.rollout import fast_decode, hf
 from rlflow.rollout.hf import HFRollout
 
 from ._tiny import PAD_ID, make_prompts, random_token_lists, rollout_config, tiny_model
@@ -216,10 +217,20 @@ def test_rollout_log_probs_match_fresh_forward(model, tokens):
     assert bool((lp[~mask] == 0).all())
 
 
-def test_entropy_and_log_probs_on_request_match_fresh_forward(model, tokens):
+@pytest.mark.parametrize("packed", [False, True], ids=["mkl", "onednn"])
+def test_entropy_and_log_probs_on_request_match_fresh_forward(model, tokens, packed, monkeypatch):
     """``meta_info`` ``calculate_log_probs`` / ``calculate_entropy`` (what the trainer asks for when the
     rollout's log-probs stand for the old policy's): the full distribution's entropy at the log-prob
-    temperature, by hand from one fresh forward, with top-k / top-p on for the pick only."""
+    temperature, by hand from one fresh forward, with top-k / top-p on for the pick only. ``onednn``:
+    every projection of the decoding steps through oneDNN's packed kernel (the tiny model's weights are
+    below the size that is packed by default)."""
+    if packed:
+        if not fast_decode.packed_projections_available():
+            pytest.skip("this torch build has no oneDNN")
+        monkeypatch.setattr(fast_decode, "PACK_MIN_BYTES", 0)
+    decoders = []
+    build = hf.fast_decoder_for
+    monkeypatch.setattr(hf, "fast_decoder_for", lambda m: decoders.append(build(m)) or decoders[-1])
     temperature = 0.7
     plain = _generate(model, tokens, meta={"eos_token_id": [2, 5, 9]}, temperature=temperature, top_k=20)
     assert "rollout_log_probs" not in plain.batch.keys() and "rollout_entropy" not in plain.batch.keys()
@@ -234,6 +245,7 @@ def test_entropy_and_log_probs_on_request_match_fresh_forward(model, tokens):
     assert bool((ent[~mask] == 0).all())
     lp = logp.gather(-1, out.batch["responses"].unsqueeze(-1)).squeeze(-1)
     assert (lp[mask] - out.batch["rollout_log_probs"][mask]).abs().max() <= 1e-5
+    assert decoders and all(d.lm_head.packed == packed for d in decoders)
 
 
 def test_left_padding_invariance(model, tokens):
