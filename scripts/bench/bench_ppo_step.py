@@ -37,6 +37,9 @@ own process with both cores, alternated with the rlflow runs, in fp32 (``bf16=Fa
 
 Variants that compute in bf16 get their roofline against the measured bf16 GEMM rate (on CPUs with native
 bf16 dot products, AVX512-BF16 or AMX, about twice the fp32 rate); the fp32 column stays for comparison.
+The column ``roofline vs oneDNN fp32`` puts the roofline at the faster of torch's two fp32 GEMM kernels,
+``matmul`` (MKL on x86) and oneDNN's (`onednn_fp32_rate`), which the rollout's decoding steps use for
+their large projections.
 
     python scripts/bench/bench_ppo_step.py                                   # every bench, both layouts
     python scripts/bench/bench_ppo_step.py --bench grpo-1m --vs-trl --rounds 3
@@ -458,6 +461,7 @@ def report(
         "tokens/s",
         "roofline",
         "roofline, own precision",
+        "roofline vs oneDNN fp32",
         *[f"{p} s" for p in PHASES],
         "peak RSS MiB per role",
     ]
@@ -468,6 +472,7 @@ def report(
         tokens = _median([r.get("perf/total_num_tokens", float("nan")) for r in rows])
         roofline = step_flops / peak / step if step_flops else float("nan")
         own = roofline * peak / peaks["bf16" if variant.endswith("bf16") else "fp32"]
+        onednn = roofline * peak / max(peak, peaks.get("fp32 oneDNN", float("nan")))
         phases = []
         for p in PHASES:
             vals = [r[f"timing_s/{p}"] for r in rows if f"timing_s/{p}" in r]
@@ -480,6 +485,7 @@ def report(
         tokens_text = f"{tokens / step:.0f}" if tokens == tokens else "-"  # TRL logs no token count
         lines.append(
             f"| {variant} | {step:.3f} | {tokens_text} | {100 * roofline:.0f} % | {100 * own:.0f} % | "
+            + (f"{100 * onednn:.0f} % | " if onednn == onednn else "- | ")
             + " | ".join(phases)
             + f" | {rss_text} |"
         )
@@ -504,6 +510,34 @@ def report(
             f"- {num} / {den} step time: {_median(ratios):.2f}x (rounds: {', '.join(f'{x:.2f}' for x in ratios)})"
         )
     return lines
+
+
+def onednn_fp32_rate(threads: int, side: int = 1024, min_time_s: float = 0.5) -> float:
+    """Best FLOP/s of oneDNN's fp32 matrix product (``torch.ops.mkldnn._linear_pointwise``, the kernel of
+    the rollout's packed projections) on ``side``-square matrices, as `measure_peak_flops` measures
+    torch's ``matmul``; NaN where torch has no oneDNN. On some CPUs it is faster than the BLAS behind
+    ``matmul``, and a roofline against the slower kernel would flatter code that uses the faster one."""
+    import torch
+
+    from rlflow.rollout.fast_decode import packed_projections_available
+
+    if not packed_projections_available():
+        return float("nan")
+    a, b = torch.randn(side, side), torch.randn(side, side)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for _ in range(3):  # the first products run below the kernel's rate (its setup, the clock)
+            torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+        best, spent, reps = 0.0, 0.0, 0
+        while reps < 3 or spent < min_time_s:
+            start = time.perf_counter()
+            torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+            elapsed = time.perf_counter() - start
+            best, spent, reps = max(best, 2.0 * side**3 / elapsed), spent + elapsed, reps + 1
+    finally:
+        torch.set_num_threads(previous)
+    return best
 
 
 # ------------------------------------------------------------------------------------------------- main
@@ -539,11 +573,13 @@ def main() -> None:
     peaks = {
         "fp32": measure_peak_flops("cpu", num_threads=cores),
         "bf16": measure_peak_flops("cpu", dtype=torch.bfloat16, num_threads=cores),
+        "fp32 oneDNN": onednn_fp32_rate(cores),
     }
     print(
         f"machine: {platform.machine()}, {cores} cores, load average {os.getloadavg()[0]:.1f}; "
         f"GEMM {peaks['fp32'] / 1e9:.0f} GFLOP/s fp32, {peaks['bf16'] / 1e9:.0f} GFLOP/s bf16 with {cores} "
-        f"threads; python {platform.python_version()}; "
+        f"threads (oneDNN's fp32 kernel: {peaks['fp32 oneDNN'] / 1e9:.0f} GFLOP/s); "
+        f"python {platform.python_version()}; "
         f"work dir {work}\n"
     )
     for name in args.bench.split(","):
