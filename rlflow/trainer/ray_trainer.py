@@ -44,6 +44,7 @@ from rlflow.trainer.metrics import (
     validation_metrics,
 )
 from rlflow.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
+from rlflow.trainer.validation import run_validation
 from rlflow.trainer.worker_groups import WorkerGroups, build_worker_groups, cpus_per_worker, profiled_step
 
 logger = logging.getLogger(__name__)
@@ -529,47 +530,27 @@ class RayPPOTrainer:
         the mean score, and with ``val_kwargs.n > 1`` best@k and pass@k (`validation_metrics`)."""
         if self.val_dataloader is None:
             return {}
-        sources_all: list[str] = []
-        scores_all: list[float] = []
         n = int(self.config.actor_rollout_ref.rollout.val_kwargs.n)
-        record = (
-            bool(self.config.trainer.validation_data_dir) or int(self.config.trainer.log_val_generations) > 0
+        trainer = self.config.trainer
+        record = bool(trainer.validation_data_dir) or int(trainer.log_val_generations) > 0
+        result = run_validation(
+            self.val_dataloader,
+            self.groups,
+            self.val_reward_fn,
+            self._generation_meta(validate=True),
+            n,
+            keep_batches=record,
         )
-        dumped: list[tuple[DataProto, list[float]]] = []
-        for raw in self.val_dataloader:
-            batch = DataProto.from_single_dict(raw)
-            gen_batch = batch.pop(batch_keys=["input_ids", "attention_mask", "position_ids"])
-            gen_batch.meta_info.update(self._generation_meta(validate=True))
-            out = self.groups.actor.generate_sequences(gen_batch)
-            out.meta_info = {}
-            if len(out) != n * len(batch):
-                raise RuntimeError(
-                    f"validation: {len(out)} responses for {len(batch)} prompts, expected "
-                    f"actor_rollout_ref.rollout.val_kwargs.n={n} each"
-                )
-            batch = batch.repeat(n, interleave=True).union(out)
-            if self.groups.reward_model is not None:
-                batch.union(self.groups.reward_model.compute_rm_score(batch).select(meta_info_keys=[]))
-            result = self.val_reward_fn(batch, return_dict=True)
-            seq_scores = result["reward_tensor"].sum(-1).tolist()
-            sources = batch.non_tensor_batch.get(
-                "data_source", np.array(["unknown"] * len(batch), dtype=object)
-            )
-            sources_all.extend(str(src) for src in sources)
-            scores_all.extend(float(s) for s in seq_scores)
-            if record:
-                dumped.append((batch, seq_scores))
-        if dumped:
-            trainer = self.config.trainer
+        if result.batches:
             record_validation(
                 self.tokenizer,
-                dumped,
+                result.batches,
                 self.global_steps,
                 trainer.validation_data_dir,
                 int(trainer.log_val_generations),
                 self.tracker,
             )
-        return validation_metrics(sources_all, scores_all, n)
+        return validation_metrics(result.sources, result.scores, n)
 
     # ---- checkpoints ----------------------------------------------------------------------------------
 
