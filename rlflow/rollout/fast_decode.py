@@ -52,10 +52,23 @@ def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     return norm.weight * h.to(x.dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of ``x`` (rows, heads, d) with ``cos`` / ``sin`` (rows, 1, d), half-split layout."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``x`` (rows, heads, d), half-split layout: transformers' ``x * cos +
+    rotate_half(x) * sin`` with ``rotate_half(x) * sin`` as ``roll(x, d / 2) * signed_sin`` (`_signed_sin`),
+    the same products with the sign moved from ``x`` to ``sin``, so the same floats in two fewer ops.
+
+    Args:
+        x: (rows, heads, d).
+        cos: (rows, 1, d).
+        signed_sin: (rows, 1, d), `_signed_sin` of the step's ``sin``.
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+
+
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` with its first half negated (the sign ``rotate_half`` puts on the second half of ``x``)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -273,6 +286,7 @@ class FastDecoder:
         model, rows = self.model, token.shape[0]
         x = model.model.embed_tokens(token)
         cos, sin = model.model.rotary_emb(x[:, None], position)  # (rows, 1, d)
+        sin = _signed_sin(sin)
         bias = torch.zeros(attention_mask.shape, dtype=x.dtype, device=x.device)
         bias.masked_fill_(attention_mask == 0, torch.finfo(x.dtype).min)
         bias = bias[:, None, None, :]  # (rows, 1, 1, keys): the same row for every head of a group
@@ -281,14 +295,22 @@ class FastDecoder:
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.ln1)
             qkv = layer.qkv(h)
-            q = qkv[:, :q_size].reshape(rows, self.heads, self.head_dim)
-            k = qkv[:, q_size : q_size + kv_size].reshape(rows, self.kv_heads, self.head_dim)
             v = qkv[:, q_size + kv_size :].reshape(rows, self.kv_heads, self.head_dim)
-            if layer.q_norm is not None:
-                q, k = _rms_norm(q, layer.q_norm), _rms_norm(k, layer.k_norm)
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            if layer.q_norm is None:  # q and k rotated together
+                qk = qkv[:, : q_size + kv_size].reshape(rows, self.heads + self.kv_heads, self.head_dim)
+                qk = _rotate(qk, cos, sin)
+                q, k = qk[:, : self.heads], qk[:, self.heads :]
+            else:
+                q = _rms_norm(qkv[:, :q_size].reshape(rows, self.heads, self.head_dim), layer.q_norm)
+                k = _rms_norm(
+                    qkv[:, q_size : q_size + kv_size].reshape(rows, self.kv_heads, self.head_dim),
+                    layer.k_norm,
+                )
+                q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
             keys, values = cache.layers[i].update(k[:, :, None], v[:, :, None])  # (rows, kv, keys, d)
-            scores = torch.matmul(q.view(rows, self.kv_heads, group, self.head_dim), keys.transpose(-1, -2))
+            scores = torch.matmul(
+                q.reshape(rows, self.kv_heads, group, self.head_dim), keys.transpose(-1, -2)
+            )
             scores = scores.float().mul_(layer.scaling).add_(bias)
             attn = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
             x = x + layer.o_proj(attn.reshape(rows, q_size))
