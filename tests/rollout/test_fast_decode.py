@@ -157,3 +157,23 @@ def test_packed_and_plain_decoding_agree():
     runs = [decode(model, ids, mask, pos, p, keys, [], 0, fast=fast) for fast in (packed, plain)]
     assert torch.equal(runs[0][0], runs[1][0])
     torch.testing.assert_close(runs[0][1], runs[1][1], rtol=0, atol=2e-6)
+
+
+def test_packed_bf16_projection_matches_f_linear_to_bf16_rounding():
+    if not packed_projections_available():
+        pytest.skip("this torch build has no oneDNN")
+    g = torch.Generator().manual_seed(3)
+    weight, bias, x = (
+        torch.randn(64, 48, generator=g),
+        torch.randn(64, generator=g),
+        torch.randn(9, 48, generator=g),
+    )
+    projection = Projection(weight.bfloat16(), bias.bfloat16(), min_bytes=0)
+    assert projection.packed
+    out = projection(x.bfloat16())
+    assert out.dtype == torch.bfloat16
+    expected = torch.nn.functional.linear(
+        x.bfloat16().double(), weight.bfloat16().double(), bias.bfloat16().double()
+    )
+    # outputs of scale ~7 rounded to bf16 (8 bits of mantissa): within 2 ** -8 relative, plus the sum's rounding
+    torch.testing.assert_close(out.double(), expected, rtol=2**-7, atol=0.1)
