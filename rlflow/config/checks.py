@@ -20,6 +20,7 @@ __all__ = [
     "in_range",
     "kl_name",
     "number",
+    "optional_flag",
     "positive",
     "value_at",
 ]
@@ -95,6 +96,15 @@ def flag(cfg: DictConfig, key: str) -> bool:
     value = value_at(cfg, key)
     if not isinstance(value, bool):
         raise ValueError(f"{key}={value!r} must be true or false")
+    return value
+
+
+def optional_flag(cfg: DictConfig, key: str, null_means: str = "") -> bool | None:
+    """``key``'s value, checked to be a bool or null; ``null_means`` says what null does, in the error."""
+    value = value_at(cfg, key)
+    if value is not None and not isinstance(value, bool):
+        meaning = f" (null: {null_means})" if null_means else ""
+        raise ValueError(f"{key}={value!r} must be true, false or null{meaning}")
     return value
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from rlflow.algos.rollout_correction import IS_LEVELS, RS_LEVELS
-from rlflow.config.checks import flag, number, positive, value_at
+from rlflow.config.checks import flag, number, optional_flag, positive, value_at
 
 __all__ = ["check_rollout_correction", "resolve_bypass_mode", "rollout_correction_active"]
 
@@ -102,10 +102,8 @@ def check_rollout_correction(cfg: DictConfig) -> None:
     veto = number(cfg, f"{RC}.rollout_token_veto_threshold", allow_none=True)
     if veto is not None and not 0 < veto < 1:
         raise ValueError(f"{RC}.rollout_token_veto_threshold={veto!r} must be in (0, 1) or null")
-    bypass = value_at(cfg, f"{RC}.bypass_mode")
-    if bypass is not None and not isinstance(bypass, bool):
-        raise ValueError(f"{RC}.bypass_mode={bypass!r} must be true, false or null (null: bypass when equal)")
-    bypass = bool(bypass)  # null never needs calculate_log_probs: the trainer asks the hf engine itself
+    # null never needs calculate_log_probs: the trainer asks the hf engine itself
+    bypass = bool(optional_flag(cfg, f"{RC}.bypass_mode", "bypass when equal"))
     if flag(cfg, f"{RC}.use_policy_gradient"):
         _check_policy_gradient(cfg, bypass)
     active = rollout_is is not None or rollout_rs is not None or veto is not None

@@ -42,6 +42,7 @@ from rlflow.config.checks import (
     in_range,
     kl_name,
     number,
+    optional_flag,
     positive,
     value_at,
 )
@@ -391,9 +392,7 @@ def _check_policy_loss(cfg: DictConfig) -> None:
 
 
 def _check_critic(cfg: DictConfig) -> None:
-    enable = value_at(cfg, "critic.enable")
-    if enable is not None and not isinstance(enable, bool):
-        raise ValueError(f"critic.enable={enable!r} must be true, false or null")
+    enable = optional_flag(cfg, "critic.enable", "a critic exactly when the estimator needs one")
     estimator = value_at(cfg, "algorithm.adv_estimator")
     if enable is False and _estimator_needs_critic(estimator):
         raise ValueError(

@@ -553,6 +553,19 @@ def test_validation_error_names_the_key(user_files, overrides, heads, message):
         validate_config(cfg, **{**HEADS, **heads})
 
 
+def test_optional_flag_takes_bools_and_null_and_says_what_null_means():
+    from omegaconf import OmegaConf
+
+    from rlflow.config.checks import optional_flag
+
+    cfg = OmegaConf.create({"critic": {"enable": None, "on": True, "bad": "sometimes"}})
+    assert optional_flag(cfg, "critic.enable") is None and optional_flag(cfg, "critic.on") is True
+    with pytest.raises(
+        ValueError, match=re.escape("critic.bad='sometimes' must be true, false or null (null: auto)")
+    ):
+        optional_flag(cfg, "critic.bad", "auto")
+
+
 GOOD_CONFIGS = [
     [f"{D}.use_dynamic_bsz=true", f"{D}.ppo_micro_batch_size_per_gpu=3"],  # micro size unused
     [f"{ROLLOUT}.temperature=0", f"{ROLLOUT}.do_sample=false"],
