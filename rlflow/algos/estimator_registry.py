@@ -44,7 +44,7 @@ class EstimatorInfo:
     """What an advantage estimator needs besides rewards and the response mask.
 
     The one owner of the "needs a critic" rule: the trainer creates a critic group, validation refuses
-    ``critic.enable=false`` and `rlflow.algos.compute_advantage.compute_advantage` passes ``values``
+    ``critic.enable=false`` and `rlflow.algos.advantages.compute_advantage` passes ``values``
     exactly for the estimators registered with ``needs_critic=True``.
 
     Attributes:

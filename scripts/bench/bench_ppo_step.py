@@ -472,7 +472,8 @@ def report(
         tokens = _median([r.get("perf/total_num_tokens", float("nan")) for r in rows])
         roofline = step_flops / peak / step if step_flops else float("nan")
         own = roofline * peak / peaks["bf16" if variant.endswith("bf16") else "fp32"]
-        onednn = roofline * peak / max(peak, peaks.get("fp32 oneDNN", float("nan")))
+        onednn_peak = peaks.get("fp32 oneDNN", float("nan"))  # NaN without oneDNN: the column shows "-"
+        onednn = roofline * peak / max(peak, onednn_peak) if onednn_peak == onednn_peak else float("nan")
         phases = []
         for p in PHASES:
             vals = [r[f"timing_s/{p}"] for r in rows if f"timing_s/{p}" in r]
