@@ -33,7 +33,7 @@ import functools
 import re
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -214,8 +214,25 @@ def lookup_gpu_peak_flops(device_name: str) -> float | None:
     return None
 
 
+def _product(kernel: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """The matrix product `measure_peak_flops` times; None where this torch build lacks it."""
+    if kernel == "matmul":
+        return torch.matmul
+    if kernel == "onednn":
+        ops = getattr(torch.ops, "mkldnn", None)
+        if not torch.backends.mkldnn.is_available() or not hasattr(ops, "_linear_pointwise"):
+            return None
+        return lambda a, b: ops._linear_pointwise(a, b, None, "none", [], "")
+    raise ValueError(f"measure_peak_flops: kernel={kernel!r} is not 'matmul' or 'onednn'")
+
+
 @functools.cache
-def _measure(device: str, dtype: torch.dtype, num_threads: int, size: int, min_time_s: float) -> float:
+def _measure(
+    device: str, dtype: torch.dtype, num_threads: int, size: int, min_time_s: float, kernel: str
+) -> float:
+    product = _product(kernel)
+    if product is None:
+        return float("nan")
     dev = torch.device(device)
     a = torch.randn(size, size, device=dev, dtype=dtype)
     b = torch.randn(size, size, device=dev, dtype=dtype)
@@ -227,12 +244,13 @@ def _measure(device: str, dtype: torch.dtype, num_threads: int, size: int, min_t
     previous = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
-        torch.matmul(a, b)  # warm-up
+        for _ in range(3):  # the first products run below the kernel's rate (its setup, the clock)
+            product(a, b)
         sync()
         best, spent, reps = 0.0, 0.0, 0
         while reps < 3 or spent < min_time_s:
             start = time.perf_counter()
-            torch.matmul(a, b)
+            product(a, b)
             sync()
             elapsed = time.perf_counter() - start
             best = max(best, 2.0 * size**3 / max(elapsed, 1e-9))
@@ -249,10 +267,11 @@ def measure_peak_flops(
     num_threads: int | None = None,
     size: int | None = None,
     min_time_s: float = 0.2,
+    kernel: str = "matmul",
 ) -> float:
     """Best FLOP/s of a square matrix multiply on ``device``, measured once per arguments and cached.
 
-    Runs one warm-up product, then repeats ``size x size`` products (at least 3, at least ``min_time_s``
+    Runs three warm-up products, then repeats ``size x size`` products (at least 3, at least ``min_time_s``
     seconds) and keeps the fastest (``2 size^3`` FLOPs each) — the best case, since shared machines are
     noisy. On the CPU the result scales with the thread count: measure with the threads a worker uses
     (Ray sets one per CPU of the actor).
@@ -263,12 +282,16 @@ def measure_peak_flops(
         num_threads: torch threads during the benchmark (CPU); default the current count.
         size: matrix side; default 1024 on CPU, 8192 on CUDA.
         min_time_s: minimum total time of the timed products.
+        kernel: ``matmul`` (``torch.matmul``: MKL on x86 CPUs) or ``onednn`` (oneDNN's linear kernel, which
+            the rollout's packed decoding projections use; CPU only, NaN where torch has no oneDNN).
     """
     is_cuda = torch.device(device).type == "cuda"
+    if is_cuda and kernel != "matmul":
+        raise ValueError(f"measure_peak_flops: kernel={kernel!r} runs on the CPU only")
     dtype = dtype or (torch.bfloat16 if is_cuda else torch.float32)
     threads = int(num_threads or torch.get_num_threads())
     side = int(size or (8192 if is_cuda else 1024))
-    return _measure(str(device), dtype, threads, side, float(min_time_s))
+    return _measure(str(device), dtype, threads, side, float(min_time_s), kernel)
 
 
 def peak_flops(device: str, configured: float | None = None, num_threads: int | None = None) -> float:

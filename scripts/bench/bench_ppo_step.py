@@ -38,7 +38,7 @@ own process with both cores, alternated with the rlflow runs, in fp32 (``bf16=Fa
 Variants that compute in bf16 get their roofline against the measured bf16 GEMM rate (on CPUs with native
 bf16 dot products, AVX512-BF16 or AMX, about twice the fp32 rate); the fp32 column stays for comparison.
 The column ``roofline vs oneDNN fp32`` puts the roofline at the faster of torch's two fp32 GEMM kernels,
-``matmul`` (MKL on x86) and oneDNN's (`onednn_fp32_rate`), which the rollout's decoding steps use for
+``matmul`` (MKL on x86) and oneDNN's (``measure_peak_flops(kernel="onednn")``), which the rollout's decoding steps use for
 their large projections.
 
     python scripts/bench/bench_ppo_step.py                                   # every bench, both layouts
@@ -513,34 +513,6 @@ def report(
     return lines
 
 
-def onednn_fp32_rate(threads: int, side: int = 1024, min_time_s: float = 0.5) -> float:
-    """Best FLOP/s of oneDNN's fp32 matrix product (``torch.ops.mkldnn._linear_pointwise``, the kernel of
-    the rollout's packed projections) on ``side``-square matrices, as `measure_peak_flops` measures
-    torch's ``matmul``; NaN where torch has no oneDNN. On some CPUs it is faster than the BLAS behind
-    ``matmul``, and a roofline against the slower kernel would flatter code that uses the faster one."""
-    import torch
-
-    from rlflow.rollout.fast_decode import packed_projections_available
-
-    if not packed_projections_available():
-        return float("nan")
-    a, b = torch.randn(side, side), torch.randn(side, side)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        for _ in range(3):  # the first products run below the kernel's rate (its setup, the clock)
-            torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
-        best, spent, reps = 0.0, 0.0, 0
-        while reps < 3 or spent < min_time_s:
-            start = time.perf_counter()
-            torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
-            elapsed = time.perf_counter() - start
-            best, spent, reps = max(best, 2.0 * side**3 / elapsed), spent + elapsed, reps + 1
-    finally:
-        torch.set_num_threads(previous)
-    return best
-
-
 # ------------------------------------------------------------------------------------------------- main
 
 
@@ -574,7 +546,7 @@ def main() -> None:
     peaks = {
         "fp32": measure_peak_flops("cpu", num_threads=cores),
         "bf16": measure_peak_flops("cpu", dtype=torch.bfloat16, num_threads=cores),
-        "fp32 oneDNN": onednn_fp32_rate(cores),
+        "fp32 oneDNN": measure_peak_flops("cpu", num_threads=cores, min_time_s=0.5, kernel="onednn"),
     }
     print(
         f"machine: {platform.machine()}, {cores} cores, load average {os.getloadavg()[0]:.1f}; "

@@ -296,6 +296,12 @@ def test_peak_flops_configured_wins_and_cpu_is_measured_once():
     first = measure_peak_flops("cpu", num_threads=1, size=128, min_time_s=0.01)
     assert 1e6 < first < 1e13  # a 2-core machine: between a MFLOP/s and 10 TFLOP/s
     assert measure_peak_flops("cpu", num_threads=1, size=128, min_time_s=0.01) == first  # cached
+    onednn = measure_peak_flops("cpu", num_threads=1, size=128, min_time_s=0.01, kernel="onednn")
+    assert onednn != onednn or 1e6 < onednn < 1e13  # NaN where torch has no oneDNN
+    with pytest.raises(ValueError, match="kernel='blas'"):
+        measure_peak_flops("cpu", kernel="blas")
+    with pytest.raises(ValueError, match="CPU only"):
+        measure_peak_flops("cuda", kernel="onednn")
 
 
 @pytest.mark.gpu
