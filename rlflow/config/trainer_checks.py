@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from rlflow.config.checks import at_least, choice, every_or_never, flag, positive, value_at
+from rlflow.config.checks import at_least, choice, every_or_never, flag, optional_flag, positive, value_at
 from rlflow.config.global_sizes import role_world_size
 from rlflow.utils.checkpoint_files import check_mirror_destination
 
@@ -31,6 +31,13 @@ def check_trainer(cfg: DictConfig) -> None:
     positive(cfg, "trainer.placement_timeout_s")
     positive(cfg, "trainer.worker_start_timeout_s")
     choice(cfg, "trainer.device", DEVICES)
+    overlap = optional_flag(cfg, "trainer.overlap_updates", "on for CPU runs where it helps")
+    if overlap and value_at(cfg, "trainer.device") == "cuda":
+        raise ValueError(
+            "trainer.overlap_updates=true runs the critic's and the actor's updates at the same time on "
+            "shared CPU cores; with trainer.device=cuda the colocated roles of a bundle share one GPU. "
+            "Set trainer.overlap_updates to null (on only where it helps) or false"
+        )
     choice(cfg, "trainer.resume_mode", RESUME_MODES)
     check_mirror_destination(
         value_at(cfg, "trainer.default_hdfs_dir"), str(value_at(cfg, "trainer.default_local_dir"))

@@ -22,6 +22,13 @@ class TrainerConfig:
         total_training_steps: None = ``total_epochs`` times the steps per epoch.
         save_freq / test_freq: every N steps; -1 = never.
         critic_warmup: first steps that train only the critic.
+        overlap_updates: run the critic's and the actor's updates of a step at the same time, each rank
+            computing with its part of its bundle's CPU threads (the actor ``ceil(t / 2)``, the critic
+            ``floor(t / 2)``); the updates do not depend on each other, and their ops that do not fill
+            every core (small ops, Python) then overlap. CPU pools only (on a GPU the roles of a bundle share
+            one device). None = on where it helps: a CPU run with a critic that has the actor's ranks and
+            at least 2 threads per rank (the default CPU layout); ``timing_s/update`` is then the phase,
+            and ``timing_s/update_critic`` / ``update_actor`` each role's time from its start.
         worker_start_timeout_s: bound on starting every role's actors and building their models; a
             heartbeat line names what is still pending every 30 s, then an error names the role.
         resume_mode: auto | disable | resume_path (then ``resume_from_path`` is the checkpoint dir).
@@ -60,6 +67,7 @@ class TrainerConfig:
     test_freq: int = -1
     val_before_train: bool = True
     critic_warmup: int = 0
+    overlap_updates: bool | None = None
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     default_hdfs_dir: str | None = None
     resume_mode: str = "auto"

@@ -10,6 +10,7 @@ worker's own CPU ops.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
@@ -17,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,7 @@ __all__ = [
     "get_rank",
     "get_world_size",
     "init_distributed",
+    "intra_op_threads",
     "serial_side_threads",
     "spawn_workers",
 ]
@@ -141,6 +143,33 @@ def serial_side_threads() -> int:
     helper.start()
     helper.join()
     return threads
+
+
+@contextlib.contextmanager
+def intra_op_threads(threads: int) -> Iterator[None]:
+    """Run the block with ``threads`` intra-op threads in the calling thread, then give it back its own count.
+
+    For calls that share the CPU cores of a bundle with another role's call running at the same time
+    (``trainer.overlap_updates``): each takes its part of the cores instead of both running every core's
+    worth of threads, where OpenMP's spinning threads would take turns on the same cores. The process-wide
+    setting is then put back to one thread for threads that have not computed yet (`serial_side_threads`:
+    `torch.set_num_threads` sets it along with the caller's own count).
+
+    Args:
+        threads: intra-op threads for the block, >= 1.
+    """
+    if threads < 1:
+        raise ValueError(f"intra_op_threads: threads={threads} must be >= 1")
+    previous = torch.get_num_threads()
+    if threads == previous:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+        serial_side_threads()
 
 
 def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> DistInfo:

@@ -25,6 +25,7 @@ routed by sample index; the driver moves object refs only, never the data.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rlflow.parallel.distributed import intra_op_threads
 from rlflow.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from rlflow.single_controller.futures import DataProtoFuture, FutureSlice
 
@@ -43,6 +45,9 @@ if TYPE_CHECKING:
 MAGIC_ATTR = "__rlflow_register__"
 DROP_OUTPUT_KWARG = "_rlflow_drop_output"
 """Keyword the worker group adds to a call on a rank whose output it does not gather."""
+THREADS_KWARG = "_rlflow_intra_op_threads"
+"""Keyword the worker group adds to a call that runs with fewer intra-op threads than the rank's own count
+(`RayWorkerGroup.submit` with ``threads``; `rlflow.parallel.distributed.intra_op_threads`)."""
 
 
 class Dispatch(Enum):
@@ -95,6 +100,7 @@ def register(
         @functools.wraps(func)
         def inner(*args: Any, **kwargs: Any) -> Any:
             drop_output = kwargs.pop(DROP_OUTPUT_KWARG, False)
+            threads = kwargs.pop(THREADS_KWARG, None)
             if materialize_futures:
                 args = tuple(_materialize(a) for a in args)
                 kwargs = {k: _materialize(v) for k, v in kwargs.items()}
@@ -105,11 +111,12 @@ def register(
                 args = (args[0], *(_to(a, device) for a in args[1:]))
                 kwargs = {k: _to(v, device) for k, v in kwargs.items()}
             profiler = getattr(args[0], "step_profiler", None) if args else None
-            if profiler is None or func.__name__ in _UNPROFILED:
+            with contextlib.ExitStack() as scope:
+                if threads is not None:
+                    scope.enter_context(intra_op_threads(int(threads)))
+                if profiler is not None and func.__name__ not in _UNPROFILED:
+                    scope.enter_context(profiler.call(func.__name__))
                 out = func(*args, **kwargs)
-            else:
-                with profiler.call(func.__name__):
-                    out = func(*args, **kwargs)
             if data_parallel:
                 out = _to(out, "cpu")
             # A rank whose output is not gathered (a sequence-parallel peer of a collect rank) returns
@@ -117,7 +124,7 @@ def register(
             return None if drop_output else out
 
         # Ray checks every call against the signature of the fully unwrapped method: stop unwrapping here.
-        inner.__signature__ = _with_drop_output_kwarg(inspect.signature(func))
+        inner.__signature__ = _with_group_kwargs(inspect.signature(func))
         del inner.__wrapped__
         setattr(inner, MAGIC_ATTR, MethodSpec(dispatch_mode, blocking))
         return inner
@@ -125,13 +132,16 @@ def register(
     return decorator
 
 
-def _with_drop_output_kwarg(sig: inspect.Signature) -> inspect.Signature:
-    """``sig`` plus the keyword-only `DROP_OUTPUT_KWARG` (before any ``**kwargs``)."""
+def _with_group_kwargs(sig: inspect.Signature) -> inspect.Signature:
+    """``sig`` plus the keyword-only `DROP_OUTPUT_KWARG` and `THREADS_KWARG` (before any ``**kwargs``)."""
     params = list(sig.parameters.values())
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return sig
-    extra = inspect.Parameter(DROP_OUTPUT_KWARG, inspect.Parameter.KEYWORD_ONLY, default=False)
-    return sig.replace(parameters=[*params, extra])
+    extra = [
+        inspect.Parameter(DROP_OUTPUT_KWARG, inspect.Parameter.KEYWORD_ONLY, default=False),
+        inspect.Parameter(THREADS_KWARG, inspect.Parameter.KEYWORD_ONLY, default=None),
+    ]
+    return sig.replace(parameters=[*params, *extra])
 
 
 def get_method_spec(method: Callable) -> MethodSpec | None:

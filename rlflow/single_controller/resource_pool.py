@@ -148,7 +148,9 @@ class RayResourcePool:
         """Intra-op threads of each actor: all of its bundle's CPUs (at least 1).
 
         The roles colocated on a bundle take turns (the driver calls them one after the other), so each
-        computes with every CPU of the bundle while the others wait. Ray alone would set
+        computes with every CPU of the bundle while the others wait. Calls the driver runs at the same time
+        on one bundle (``trainer.overlap_updates``) split these threads between them, call by call
+        (`RayWorkerGroup.submit` with ``threads``). Ray alone would set
         ``OMP_NUM_THREADS`` from the actor's fractional share (``1 / max_colocate_count`` of the bundle),
         i.e. one thread per role however many cores the bundle holds. An ``OMP_NUM_THREADS`` set in the
         driver's environment wins.

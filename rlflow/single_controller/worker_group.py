@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +14,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlflow.single_controller.decorator import (
     DROP_OUTPUT_KWARG,
+    THREADS_KWARG,
     MeshDispatch,
     MeshInfo,
     MethodSpec,
@@ -62,6 +63,41 @@ class GroupFuture:
     def get(self, timeout_s: float | None = None, what: str | None = None) -> Any:
         """Wait for the call (at most ``timeout_s``, logging a heartbeat; see `RayWorkerGroup.wait`)."""
         return self.collect(self.group.wait(self.refs, self.ranks, timeout_s=timeout_s, what=what))
+
+
+@dataclass
+class PendingCall:
+    """A blocking group method started without waiting (`RayWorkerGroup.submit`)."""
+
+    group: RayWorkerGroup
+    refs: list[Any]
+    ranks: list[int]
+    watch: list[tuple[Any, str, int]]
+    collect: Callable[[list[Any]], Any]
+
+    def result(self) -> Any:
+        """Wait for every rank (failing fast on a dead or failing one, `RayWorkerGroup.wait`) and return
+        what the plain blocking call returns."""
+        return self.collect(self.group.wait(self.refs, self.ranks, self.watch))
+
+
+def as_completed(calls: Mapping[str, PendingCall]) -> Iterator[tuple[str, Any]]:
+    """``(name, result)`` of each call, in the order they finish.
+
+    A call counts as finished when one of its ranks has (a call's ranks finish together: they end in the
+    same collectives); its `PendingCall.result` then waits for the rest, and raises its error.
+
+    Args:
+        calls: name -> a started call (`RayWorkerGroup.submit`).
+    """
+    pending = dict(calls)
+    while pending:
+        refs = [ref for call in pending.values() for ref in call.refs]
+        ready, _ = ray.wait(refs, num_returns=1, timeout=None, fetch_local=False)
+        for name, call in list(pending.items()):
+            if any(ref in call.refs for ref in ready):
+                del pending[name]
+                yield name, call.result()
 
 
 def wait_all(
@@ -235,32 +271,79 @@ class RayWorkerGroup:
             self._mesh_info[mesh_name] = MeshInfo([d for d, _ in infos], [c for _, c in infos])
         return self._mesh_info[mesh_name]
 
+    def submit(self, method: str, *args: Any, threads: int | None = None, **kwargs: Any) -> PendingCall:
+        """Start a blocking group method without waiting for it: ``submit("update_critic", batch, adv=adv)``
+        runs what ``group.update_critic(batch, adv=adv)`` runs, and `PendingCall.result` returns what that
+        returns. The driver can then start another group's call that runs alongside (`as_completed`).
+
+        Args:
+            method: a method registered with ``blocking=True`` (a non-blocking one returns its future at
+                once when called directly).
+            threads: intra-op threads every rank computes the call with (its own count when None), for
+                calls that share a bundle's CPU cores with another role's call running at the same time.
+        """
+        spec = registered_methods(self._cls.cls).get(method)
+        if spec is None:
+            raise ValueError(f"worker group {self.name!r} has no registered method {method!r}")
+        if not spec.blocking:
+            raise ValueError(
+                f"worker group {self.name!r}: {method} is registered with blocking=False; call it directly, "
+                "it returns its future at once"
+            )
+        if threads is not None and int(threads) < 1:
+            raise ValueError(f"worker group {self.name!r}: submit({method!r}) threads={threads} must be >= 1")
+        return self._start(method, spec, args, kwargs, threads)
+
     def _call(self, name: str, spec: MethodSpec, args: tuple, kwargs: dict) -> Any:
+        if not spec.blocking and is_data_parallel(spec):
+            dispatched = dispatch_for(spec)(self, *args, **kwargs)
+            ranks, gather = list(range(self.world_size)), self._gather_ranks(spec)
+            refs = self._launch(name, dispatched, ranks, gather, None)
+            peers = [(refs[r], self.name, r) for r in ranks if r not in gather]
+            return future_from_refs(
+                [refs[r] for r in gather],
+                dispatched.chunk_sizes,
+                dispatched.pad_size,
+                peers + _future_watch(args, kwargs),
+            )
+        call = self._start(name, spec, args, kwargs, None)
+        if not spec.blocking:
+            return GroupFuture(self, call.refs, call.ranks, list)
+        return call.result()
+
+    def _start(
+        self, name: str, spec: MethodSpec, args: tuple, kwargs: dict, threads: int | None
+    ) -> PendingCall:
         dispatched = dispatch_for(spec)(self, *args, **kwargs)
         ranks = list(range(self.world_size))
         gather = self._gather_ranks(spec) if is_data_parallel(spec) else ranks
+        refs = self._launch(name, dispatched, ranks, gather, threads)
+        watch = _future_watch(args, kwargs)
+        if not is_data_parallel(spec):
+            return PendingCall(self, refs, ranks, watch, list)
+        order = [ranks.index(r) for r in gather]
+
+        def collect(outputs: list[Any]) -> Any:
+            return collect_dp_proto(
+                [outputs[i] for i in order], dispatched.pad_size, sum(dispatched.chunk_sizes)
+            )
+
+        # Wait on every rank, not only the gathered ones: a failing sequence-parallel peer must
+        # surface as its own error instead of leaving its collect rank stuck in a collective.
+        return PendingCall(self, refs, ranks, watch, collect)
+
+    def _launch(
+        self, name: str, dispatched: Any, ranks: list[int], gather: list[int], threads: int | None
+    ) -> list[Any]:
         refs = []
         for r in ranks:
             call_kwargs = dict(dispatched.kwargs[r])
             if r not in gather:
                 call_kwargs[DROP_OUTPUT_KWARG] = True
+            if threads is not None:
+                call_kwargs[THREADS_KWARG] = int(threads)
             refs.append(getattr(self._workers[r], name).remote(*dispatched.args[r], **call_kwargs))
-        watch = _future_watch(args, kwargs)
-        if is_data_parallel(spec):
-            if not spec.blocking:
-                peers = [(refs[r], self.name, r) for r in ranks if r not in gather]
-                return future_from_refs(
-                    [refs[r] for r in gather], dispatched.chunk_sizes, dispatched.pad_size, peers + watch
-                )
-            # Wait on every rank, not only the gathered ones: a failing sequence-parallel peer must
-            # surface as its own error instead of leaving its collect rank stuck in a collective.
-            outputs = self.wait(refs, ranks, watch)
-            return collect_dp_proto(
-                [outputs[r] for r in gather], dispatched.pad_size, sum(dispatched.chunk_sizes)
-            )
-        if not spec.blocking:
-            return GroupFuture(self, refs, ranks, list)
-        return self.wait(refs, ranks, watch)
+        return refs
 
     def _gather_ranks(self, spec: MethodSpec) -> list[int]:
         if isinstance(spec.dispatch_mode, MeshDispatch):

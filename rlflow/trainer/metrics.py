@@ -34,7 +34,7 @@ __all__ = [
 # ``gen`` produces the response tokens; the forward/backward sections run over prompt + response tokens.
 # Other sections (reward, testing, save_checkpoint, step) get only ``timing_s/<name>``.
 _RESPONSE_TOKEN_SECTIONS = ("gen",)
-_ALL_TOKEN_SECTIONS = ("old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
+_ALL_TOKEN_SECTIONS = ("old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update")
 
 
 def _batch_tensors(batch: Any) -> Mapping[str, torch.Tensor]:
@@ -149,13 +149,15 @@ def compute_timing_metrics(batch: Any, timing_raw: Mapping[str, float]) -> dict[
     Args:
         batch: the step's ``DataProto`` (``responses``, ``attention_mask``, optional ``response_mask``).
         timing_raw: section name → seconds (``gen``, ``reward``, ``old_log_prob``, ``ref``, ``values``,
-            ``adv``, ``update_critic``, ``update_actor``, ``testing``, ``save_checkpoint``, ``step``).
+            ``adv``, ``update_critic``, ``update_actor``, ``testing``, ``save_checkpoint``, ``step``; with
+            ``trainer.overlap_updates`` also ``update``, the phase in which both updates ran, and each
+            role's section then overlaps the other's).
 
     Returns:
         ``timing_s/<name>`` for every section, and ``timing_per_token_ms/<name>`` = 1000 × seconds /
         tokens for the token-bound sections: ``gen`` over the valid response tokens; ``old_log_prob``,
-        ``ref``, ``values``, ``adv``, ``update_critic``, ``update_actor`` over the valid prompt + response
-        tokens. Sections with no token to divide by get no per-token entry.
+        ``ref``, ``values``, ``adv``, ``update_critic``, ``update_actor``, ``update`` over the valid prompt +
+        response tokens. Sections with no token to divide by get no per-token entry.
     """
     n_response, n_all = _token_counts(batch, "compute_timing_metrics")
     tokens = {name: n_response for name in _RESPONSE_TOKEN_SECTIONS}
@@ -197,7 +199,9 @@ def compute_throughput_metrics(
         ``actor_flops / (timing_raw["update_actor"] * n_workers * peak_flops)`` (model FLOPs utilisation,
         Chowdhery et al. 2022, PaLM, appendix B) and ``perf/achieved_tflops/actor`` (per worker); with
         ``critic_flops`` (the critic update's FLOPs, value head of one output) the same for the critic
-        over ``timing_raw["update_critic"]`` and ``n_critic_workers`` (default ``n_workers``).
+        over ``timing_raw["update_critic"]`` and ``n_critic_workers`` (default ``n_workers``). With
+        ``trainer.overlap_updates`` the two updates share the cores for the same wall time, so their MFUs
+        add up to the phase's utilisation.
     """
     fn = "compute_throughput_metrics"
     if int(n_workers) <= 0:

@@ -25,7 +25,7 @@ import torch
 
 from rlflow.algos.advantages import advantage_metrics, compute_advantage, get_estimator_info
 from rlflow.algos.rollout_correction import correct_rollout_batch
-from rlflow.config import need_critic, to_typed, update_is_on_policy
+from rlflow.config import to_typed, update_is_on_policy
 from rlflow.config.correction_checks import resolve_bypass_mode, rollout_correction_active
 from rlflow.config.schema import PPOTrainerConfig
 from rlflow.engine.seqlen_balancing import balance_batch_across_dp, rows_by_key
@@ -37,15 +37,21 @@ from rlflow.trainer.dynamic_sampling import OutOfData, Round, sample_informative
 from rlflow.trainer.generations import dump_rollouts, record_validation
 from rlflow.trainer.metrics import (
     compute_data_metrics,
-    compute_throughput_metrics,
     compute_timing_metrics,
     rollout_entropy,
     rollout_probs_diff,
     validation_metrics,
 )
 from rlflow.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
+from rlflow.trainer.throughput import UpdateThroughput
 from rlflow.trainer.validation import run_validation
-from rlflow.trainer.worker_groups import WorkerGroups, build_worker_groups, cpus_per_worker, profiled_step
+from rlflow.trainer.worker_groups import (
+    WorkerGroups,
+    build_worker_groups,
+    overlap_threads,
+    overlapped_updates,
+    profiled_step,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +109,8 @@ class RayPPOTrainer:
             get_kl_controller(config.algorithm.kl_ctrl) if config.algorithm.use_kl_in_reward else None
         )
         self.groups: WorkerGroups | None = None
+        self.overlap: tuple[int, int] | None = None
+        """``(actor, critic)`` threads of the overlapped updates (`overlap_threads`); None: one after the other."""
         # ReMax: one greedy response per prompt, its reward the baseline of the prompt's samples.
         self.needs_baselines = (
             custom_advantage_fn is None
@@ -137,32 +145,7 @@ class RayPPOTrainer:
         )
         self.history: list[dict[str, float]] = []
         self.total_training_steps = self._total_steps()
-        self._flops_counters, self._peak_flops = self._flops_setup()
-
-    def _flops_setup(self) -> tuple[dict[str, Any], float | None]:
-        """FLOPs estimators of the actor's and the critic's models and the per-worker peak for the MFU."""
-        from rlflow.logging.flops import FlopsCounter, peak_flops
-        from rlflow.models.loader import load_model_config
-
-        models = {"actor": (self.config.actor_rollout_ref.model, None)}
-        if need_critic(self.config):
-            models["critic"] = (self.config.critic.model, 1)  # a value head of one output
-        counters: dict[str, Any] = {}
-        for role, (model, head) in models.items():
-            try:
-                hf = load_model_config(
-                    str(model.path), bool(model.trust_remote_code), dict(model.override_config)
-                )
-                counters[role] = FlopsCounter(hf, head_outputs=head)
-            except (ValueError, TypeError) as err:  # e.g. a mixture-of-experts config
-                logger.warning("no FLOPs estimate for the %s model (%s); its MFU is not reported", role, err)
-        if not counters:
-            return counters, None
-        trainer = self.config.trainer
-        configured = None if trainer.peak_tflops is None else float(trainer.peak_tflops) * 1e12
-        device = "cuda" if torch.cuda.is_available() and str(trainer.device) != "cpu" else "cpu"
-        threads = max(1, int(cpus_per_worker(self.config)))
-        return counters, peak_flops(device, configured=configured, num_threads=threads)
+        self.throughput = UpdateThroughput(config)
 
     # ---- set-up ---------------------------------------------------------------------------------------
 
@@ -176,6 +159,11 @@ class RayPPOTrainer:
     def init_workers(self) -> None:
         """Create the colocated worker groups and build their models."""
         self.groups = build_worker_groups(self.config, total_training_steps=self.total_training_steps)
+        self.overlap = overlap_threads(self.config, self.groups)
+        if self.overlap is not None:
+            logger.info(
+                "trainer.overlap_updates: actor and critic update together, %d + %d threads", *self.overlap
+            )
 
     @property
     def use_critic(self) -> bool:
@@ -262,12 +250,17 @@ class RayPPOTrainer:
             with _timer("adv", timing):
                 adv, adv_metrics = self._advantages(batch)
             metrics.update(adv_metrics)
-            if self.use_critic:
-                with _timer("update_critic", timing):
-                    metrics.update(self._update_critic(batch, adv))
-            if self.global_steps > int(self.config.trainer.critic_warmup):
-                with _timer("update_actor", timing):
-                    metrics.update(self._update_actor(batch, adv))
+            actor_due = self.global_steps > int(self.config.trainer.critic_warmup)
+            if self.use_critic and actor_due and self.overlap is not None:
+                for out in overlapped_updates(self.groups, batch, adv, self.overlap, timing):
+                    metrics.update(_worker_metrics(out))
+            else:
+                if self.use_critic:
+                    with _timer("update_critic", timing):
+                        metrics.update(self._update_critic(batch, adv))
+                if actor_due:
+                    with _timer("update_actor", timing):
+                        metrics.update(self._update_actor(batch, adv))
             if self._ref_sync_due():
                 with _timer("sync_ref", timing):
                     self._sync_reference()
@@ -279,31 +272,8 @@ class RayPPOTrainer:
                     self._save_checkpoint()
         metrics.update(compute_data_metrics(batch, eos_token_id=self._eos_token_ids()))
         metrics.update(compute_timing_metrics(batch, timing))
-        metrics.update(self._throughput(batch, timing))
+        metrics.update(self.throughput.metrics(batch, timing, self.groups))
         return metrics
-
-    def _throughput(self, batch: DataProto, timing: dict[str, float]) -> dict[str, float]:
-        """``perf/*``: tokens/s and, for the roles that updated this step, the MFU (`compute_throughput_metrics`)."""
-        seqlens = batch.batch["attention_mask"].sum(-1).tolist()
-        epochs = {
-            "actor": int(self.config.actor_rollout_ref.actor.ppo_epochs),
-            "critic": int(self.config.critic.ppo_epochs),
-        }
-        flops = {
-            role: counter.estimate_flops(seqlens) * epochs[role]
-            for role, counter in self._flops_counters.items()
-            if f"update_{role}" in timing
-        }
-        critic = self.groups.critic
-        return compute_throughput_metrics(
-            batch,
-            timing,
-            n_workers=self.groups.actor.world_size,
-            actor_flops=flops.get("actor"),
-            peak_flops=self._peak_flops,
-            critic_flops=flops.get("critic"),
-            n_critic_workers=critic.world_size if critic is not None else None,
-        )
 
     def _due(self, freq: int | None) -> bool:
         if not freq or freq <= 0:

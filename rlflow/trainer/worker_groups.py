@@ -10,18 +10,30 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlflow.config import needed_roles
 from rlflow.config.resource_checks import cpus_per_rank
 from rlflow.config.schema import PPOTrainerConfig
 from rlflow.logging.tracking import run_log_dir
 from rlflow.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from rlflow.single_controller.worker_group import wait_all
+from rlflow.single_controller.worker_group import as_completed, wait_all
 
-__all__ = ["WorkerGroups", "build_worker_groups", "init_batches", "profiled_step"]
+if TYPE_CHECKING:
+    from rlflow.protocol import DataProto
+    from rlflow.single_controller.futures import DataProtoFuture
+
+__all__ = [
+    "WorkerGroups",
+    "build_worker_groups",
+    "init_batches",
+    "overlap_threads",
+    "overlapped_updates",
+    "profiled_step",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +130,59 @@ def build_worker_groups(config: PPOTrainerConfig, total_training_steps: int) -> 
     sp = int(config.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
     groups.actor_dp_size = groups.actor.world_size // sp
     return groups
+
+
+def overlap_threads(config: PPOTrainerConfig, groups: WorkerGroups) -> tuple[int, int] | None:
+    """``trainer.overlap_updates``: the intra-op threads ``(actor, critic)`` of every rank while the two
+    updates of a step run at the same time, or None when they run one after the other.
+
+    On where it helps (null): a CPU run whose critic has the actor's ranks (every bundle holds one rank of
+    each) and at least 2 threads per rank. True: on every CPU run with a critic. The bundle's threads ``t``
+    are split ``ceil(t / 2)`` for the actor, ``floor(t / 2)`` (at least 1) for the critic.
+    """
+    setting = config.trainer.overlap_updates
+    if setting is False or groups.critic is None:
+        return None
+    if _device(config) != "cpu":
+        if setting:
+            raise ValueError(
+                "trainer.overlap_updates=true runs the critic's and the actor's updates at the same time on "
+                "shared CPU cores, but this run computes on the GPU (trainer.device=auto found one), where "
+                "the colocated roles of a bundle share one device. Set trainer.overlap_updates to null or false"
+            )
+        return None
+    threads = groups.pool.cpu_threads()
+    if setting is None and (threads < 2 or groups.critic.world_size != groups.actor.world_size):
+        return None
+    return threads - threads // 2, max(1, threads // 2)
+
+
+def overlapped_updates(
+    groups: WorkerGroups,
+    batch: DataProto,
+    adv: DataProtoFuture,
+    threads: tuple[int, int],
+    timing: dict[str, float],
+) -> list[DataProto]:
+    """``update_critic`` and ``update_actor`` of one step at the same time (`overlap_threads`); returns
+    their outputs.
+
+    ``timing`` gets ``update`` (the phase) and ``update_critic`` / ``update_actor``, each role's time from
+    the phase's start until its call returned (both include the wait for the critic's values and
+    advantages, which the actor's update needs too).
+    """
+    actor_threads, critic_threads = threads
+    start = time.perf_counter()
+    calls = {
+        "update_critic": groups.critic.submit("update_critic", batch, adv=adv, threads=critic_threads),
+        "update_actor": groups.actor.submit("update_actor", batch, adv=adv, threads=actor_threads),
+    }
+    outputs = []
+    for name, out in as_completed(calls):
+        timing[name] = time.perf_counter() - start
+        outputs.append(out)
+    timing["update"] = time.perf_counter() - start
+    return outputs
 
 
 @contextlib.contextmanager

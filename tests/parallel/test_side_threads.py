@@ -20,7 +20,7 @@ SCRIPT = r"""
 import json, os, sys, threading
 import torch
 import torch.distributed as dist
-from rlflow.parallel.distributed import init_distributed
+from rlflow.parallel.distributed import init_distributed, intra_op_threads
 
 if sys.argv[1] == "plain":  # torch's own set-up, as before init_distributed did more
     import tempfile
@@ -29,6 +29,11 @@ if sys.argv[1] == "plain":  # torch's own set-up, as before init_distributed did
 else:
     init_distributed()
 torch.ones(4) + 1  # this thread computes before the gather, as a worker does
+inside = None
+if sys.argv[1] == "overlap":  # a call that shared the cores with another role's (trainer.overlap_updates)
+    with intra_op_threads(1):
+        inside = torch.get_num_threads()
+        torch.ones(1 << 16) + 1
 before = len(os.listdir("/proc/self/task"))
 flat = torch.randn(1 << 20)
 out = flat.new_empty(flat.numel())
@@ -39,7 +44,7 @@ helper = threading.Thread(target=lambda: fresh.append(torch.get_num_threads()))
 helper.start()
 helper.join()
 print(json.dumps({"before": before, "after": after, "main": torch.get_num_threads(), "fresh": fresh[0],
-                  "equal": bool(torch.equal(out, flat))}))
+                  "equal": bool(torch.equal(out, flat)), "inside": inside}))
 """
 
 
@@ -64,3 +69,16 @@ def test_gloo_all_gather_leaves_no_openmp_team_behind():
     assert fixed["equal"] and fixed["main"] == 2, fixed  # the worker's own thread keeps its 2 threads
     assert fixed["after"] == fixed["before"], fixed
     assert fixed["fresh"] == 1
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
+def test_a_call_with_fewer_threads_gives_the_worker_its_own_count_back():
+    """`intra_op_threads` (a call overlapped with another role's): one thread inside, the worker's 2 after,
+    and threads that compute later still get one-thread pools (no OpenMP team left behind by a gather)."""
+    out = _run("overlap")
+    assert out["inside"] == 1 and out["main"] == 2 and out["fresh"] == 1, out
+    assert out["after"] == out["before"] and out["equal"], out
+    from rlflow.parallel.distributed import intra_op_threads
+
+    with pytest.raises(ValueError, match="threads=0 must be >= 1"), intra_op_threads(0):
+        pass

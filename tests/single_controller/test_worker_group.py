@@ -75,6 +75,19 @@ class EchoWorker(Worker):
     def threads(self) -> int:
         return torch.get_num_threads()
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def timed_threads(self, data: DataProto, hold_s: float) -> DataProto:
+        """Intra-op threads during the call and the call's wall-clock interval, per sample."""
+        start = time.time()
+        time.sleep(hold_s)
+        n = len(data)
+        return DataProto.from_dict(
+            tensors={
+                "threads": torch.full((n,), torch.get_num_threads()),
+                "interval": torch.tensor([[start, time.time()]], dtype=torch.float64).expand(n, 2),
+            }
+        )
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def malloc_env(self) -> dict:
         return {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
@@ -353,6 +366,42 @@ def test_colocated_roles_each_compute_with_every_cpu_of_the_bundle(monkeypatch):
         assert groups[0].malloc_env() == [keep] and pool.allocator_env() == keep
         monkeypatch.setenv("MALLOC_ARENA_MAX", "2")  # the user's own malloc tuning: ours left out
         assert pool.allocator_env() == {}
+    finally:
+        for g in groups:
+            g.shutdown()
+        pool.remove()
+
+
+def test_submitted_calls_of_two_colocated_groups_run_together_with_their_threads(monkeypatch):
+    """`RayWorkerGroup.submit` starts a blocking method without waiting: two roles' calls overlap in time,
+    each with the threads it was given, the ranks get their own count back afterwards, and `result`
+    returns what the blocking call returns (dispatch padding stripped)."""
+    from rlflow.single_controller.worker_group import as_completed
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    pool = RayResourcePool([1], cpus_per_bundle=2.0, name_prefix="overlap", max_colocate_count=2)
+    groups = []
+    try:
+        groups = [RayWorkerGroup(pool, RayClassWithInitArgs(EchoWorker), name_prefix=n) for n in ("a", "b")]
+        calls = {
+            "a": groups[0].submit("timed_threads", _data(3), hold_s=1.0, threads=1),
+            "b": groups[1].submit("timed_threads", _data(3), 1.0),
+        }
+        out = dict(as_completed(calls))
+        assert sorted(out) == ["a", "b"]
+        assert out["a"].batch["threads"].tolist() == [1, 1, 1]
+        assert out["b"].batch["threads"].tolist() == [2, 2, 2]  # no threads given: the rank's own count
+        (a0, a1), (b0, b1) = out["a"].batch["interval"][0].tolist(), out["b"].batch["interval"][0].tolist()
+        assert a0 < b1 and b0 < a1  # the two calls ran at the same time
+        assert [g.threads() for g in groups] == [[2], [2]]  # restored after the call
+        done = groups[0].submit("double", _data(3)).result()
+        assert torch.equal(done.batch["y"], groups[0].double(_data(3)).batch["y"])
+        with pytest.raises(ValueError, match="blocking=False"):
+            groups[0].submit("double_async", _data(2))
+        with pytest.raises(ValueError, match="no registered method 'nope'"):
+            groups[0].submit("nope")
+        with pytest.raises(ValueError, match="threads=0 must be >= 1"):
+            groups[0].submit("double", _data(2), threads=0)
     finally:
         for g in groups:
             g.shutdown()

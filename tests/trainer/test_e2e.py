@@ -305,6 +305,34 @@ def test_golden_metrics(tmp_path):
             assert got[key] == pytest.approx(value, **_golden_tolerance(key, want)), key
 
 
+def test_overlapped_updates_train_as_the_sequential_ones(tmp_path):
+    """The default CPU layout (one rank per role, 2 threads) runs the critic's and the actor's updates of a
+    step together, one thread each (``trainer.overlap_updates``). Two steps give the metrics of the same
+    run with the updates one after the other, to the golden run's tolerances (the thread count changes the
+    summation order of some reductions, not the math), and the timing says which phase ran how."""
+    runs = {}
+    for overlap in ("null", "false"):
+        cfg = load_config(
+            _overrides(
+                tmp_path / overlap,
+                "trainer.cpus_per_worker=2",
+                f"trainer.overlap_updates={overlap}",
+                "actor_rollout_ref.model.path=rlflow://tiny",
+                "critic.model.path=rlflow://tiny",
+            ),
+            config_name="demo",
+        )
+        runs[overlap] = run_ppo(cfg)["history"]
+    for together, apart in zip(runs["null"], runs["false"]):
+        assert "timing_s/update" in together and "timing_s/update" not in apart
+        for role in ("update_critic", "update_actor"):  # each role's own time, inside the phase
+            assert 0 < together[f"timing_s/{role}"] <= together["timing_s/update"] + 1e-6
+        got, want = _comparable(together), _comparable(apart)
+        assert sorted(got) == sorted(want)
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, **_golden_tolerance(key, want)), key
+
+
 # A loss or mean that is a near-cancelling sum of terms has the terms' scale, not its own: compare it
 # with an absolute tolerance of 1e-4 of that scale (a whitened advantage mean is 0 +- 1e-6 of noise).
 _SCALE_SOURCE = {"actor/pg_loss": "critic/advantages"}
