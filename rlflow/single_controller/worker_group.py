@@ -321,14 +321,13 @@ class RayWorkerGroup:
         watch = _future_watch(args, kwargs)
         if not is_data_parallel(spec):
             return PendingCall(self, refs, ranks, watch, list)
-        order = [ranks.index(r) for r in gather]
 
         def collect(outputs: list[Any]) -> Any:
             return collect_dp_proto(
-                [outputs[i] for i in order], dispatched.pad_size, sum(dispatched.chunk_sizes)
+                [outputs[r] for r in gather], dispatched.pad_size, sum(dispatched.chunk_sizes)
             )
 
-        # Wait on every rank, not only the gathered ones: a failing sequence-parallel peer must
+        # Waits on every rank, not only the gathered ones: a failing sequence-parallel peer must
         # surface as its own error instead of leaving its collect rank stuck in a collective.
         return PendingCall(self, refs, ranks, watch, collect)
 
