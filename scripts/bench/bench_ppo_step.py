@@ -25,10 +25,11 @@ Benches (the step geometry of docs/benchmarks.md, one optimizer step per rollout
 
 Layouts (`LAYOUTS`): ``default`` (the shipped demo layout: one rank per role with every core, token-budget
 micro-batches), ``2rank`` (two single-thread ranks), ``2rank-fixed`` (also fixed micro-batches: the
-demo's layout before 2026-12-04), ``fast`` (``default`` with micro-batches as large as the batch) and
+demo's layout before 2026-12-04), ``fast`` (``default`` with micro-batches as large as the batch),
 ``bypass`` (``fast`` without the old-log-prob pass), ``bf16`` (``default`` computing in bf16),
 ``unshared`` (``default`` without shared-prompt packing: each of a prompt's samples runs its own prompt) and
-``sequential`` (``default`` with the critic's and the actor's updates one after the other), alternated A B C, C B A, ... for ``--rounds`` rounds. ``--vs-trl`` adds TRL's ``GRPOTrainer`` with the same
+``sequential`` (``default`` with the critic's and the actor's updates one after the other), alternated
+A B C, C B A, ... for ``--rounds`` rounds. ``--vs-trl`` adds TRL's ``GRPOTrainer`` with the same
 model, prompts, reward and geometry, and ``PPOTrainer`` (policy, reference, value model from the policy's
 weights with a fresh head, the bench's reward model) for the PPO benches from the TRL release at
 ``--trl-ppo-path`` (TRL 1.x removed ``PPOTrainer``; 0.29.1 has it as ``trl.experimental.ppo``), each in its
@@ -120,15 +121,11 @@ LAYOUTS["bypass"] = [
     "algorithm.rollout_correction.bypass_mode=true",
 ]
 """``default``: the shipped demo layout (one rank per role with every core: ``cpus_per_worker: null``).
-``2rank``: two single-thread ranks per role, the same micro-batches. ``2rank-fixed``: also fixed
-micro-batches (``config/demo_two_ranks.yaml``, the demo's layout before 2026-12-04). ``fast``:
-``default`` plus micro-batches as large as the batch (dynamic batching under a budget no bench reaches).
-``unshared``: ``default`` with every sample's prompt packed and run on its own (``use_shared_prompts=false``).
-``sequential``: ``default`` with the critic's and the actor's updates one after the other
-(``trainer.overlap_updates=false``; the default CPU layout runs them together). ``bypass``: ``fast`` with the rollout's log-probs as the old policy's
-(``algorithm.rollout_correction.bypass_mode``: no ``compute_log_prob`` pass). ``bf16``: ``default``
-computing in bf16 (actor, reference, critic, reward model and generation; fp32 master weights, gradients
-reduced in fp32): the precision verl and TRL train in by default."""
+``2rank``: two single-thread ranks per role. ``2rank-fixed``: also fixed micro-batches (the demo's layout
+before 2026-12-04). ``fast``: micro-batches as large as the batch. ``unshared``: no shared-prompt packing.
+``sequential``: the critic's and the actor's updates one after the other (``trainer.overlap_updates=false``).
+``bypass``: ``fast`` with the rollout's log-probs as the old policy's (no ``compute_log_prob`` pass).
+``bf16``: computing in bf16 (fp32 master weights, gradients reduced in fp32), verl's and TRL's default."""
 
 PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update")
 """``timing_s/<phase>`` columns; ``update`` is the phase of the overlapped updates (``trainer.overlap_updates``),
