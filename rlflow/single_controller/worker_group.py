@@ -241,7 +241,8 @@ class RayWorkerGroup:
                 master = {"MASTER_ADDR": addr, "MASTER_PORT": str(port)}
 
     def _bind_methods(self) -> None:
-        for name, spec in registered_methods(self._cls.cls).items():
+        self._specs = registered_methods(self._cls.cls)
+        for name, spec in self._specs.items():
             if hasattr(type(self), name):
                 raise ValueError(f"worker method {name!r} clashes with a RayWorkerGroup attribute")
             setattr(self, name, self._make_group_method(name, spec))
@@ -282,7 +283,7 @@ class RayWorkerGroup:
             threads: intra-op threads every rank computes the call with (its own count when None), for
                 calls that share a bundle's CPU cores with another role's call running at the same time.
         """
-        spec = registered_methods(self._cls.cls).get(method)
+        spec = self._specs.get(method)
         if spec is None:
             raise ValueError(f"worker group {self.name!r} has no registered method {method!r}")
         if not spec.blocking:
@@ -296,10 +297,8 @@ class RayWorkerGroup:
 
     def _call(self, name: str, spec: MethodSpec, args: tuple, kwargs: dict) -> Any:
         if not spec.blocking and is_data_parallel(spec):
-            dispatched = dispatch_for(spec)(self, *args, **kwargs)
-            ranks, gather = list(range(self.world_size)), self._gather_ranks(spec)
-            refs = self._launch(name, dispatched, ranks, gather, None)
-            peers = [(refs[r], self.name, r) for r in ranks if r not in gather]
+            dispatched, gather, refs = self._launch(name, spec, args, kwargs, None)
+            peers = [(ref, self.name, r) for r, ref in enumerate(refs) if r not in gather]
             return future_from_refs(
                 [refs[r] for r in gather],
                 dispatched.chunk_sizes,
@@ -314,11 +313,8 @@ class RayWorkerGroup:
     def _start(
         self, name: str, spec: MethodSpec, args: tuple, kwargs: dict, threads: int | None
     ) -> PendingCall:
-        dispatched = dispatch_for(spec)(self, *args, **kwargs)
-        ranks = list(range(self.world_size))
-        gather = self._gather_ranks(spec) if is_data_parallel(spec) else ranks
-        refs = self._launch(name, dispatched, ranks, gather, threads)
-        watch = _future_watch(args, kwargs)
+        dispatched, gather, refs = self._launch(name, spec, args, kwargs, threads)
+        ranks, watch = list(range(self.world_size)), _future_watch(args, kwargs)
         if not is_data_parallel(spec):
             return PendingCall(self, refs, ranks, watch, list)
 
@@ -332,17 +328,20 @@ class RayWorkerGroup:
         return PendingCall(self, refs, ranks, watch, collect)
 
     def _launch(
-        self, name: str, dispatched: Any, ranks: list[int], gather: list[int], threads: int | None
-    ) -> list[Any]:
+        self, name: str, spec: MethodSpec, args: tuple, kwargs: dict, threads: int | None
+    ) -> tuple[Any, list[int], list[Any]]:
+        """Dispatch the arguments and start the method on every rank: ``(dispatched, gathered ranks, refs)``."""
+        dispatched = dispatch_for(spec)(self, *args, **kwargs)
+        gather = self._gather_ranks(spec) if is_data_parallel(spec) else list(range(self.world_size))
         refs = []
-        for r in ranks:
+        for r in range(self.world_size):
             call_kwargs = dict(dispatched.kwargs[r])
             if r not in gather:
                 call_kwargs[DROP_OUTPUT_KWARG] = True
             if threads is not None:
                 call_kwargs[THREADS_KWARG] = int(threads)
             refs.append(getattr(self._workers[r], name).remote(*dispatched.args[r], **call_kwargs))
-        return refs
+        return dispatched, gather, refs
 
     def _gather_ranks(self, spec: MethodSpec) -> list[int]:
         if isinstance(spec.dispatch_mode, MeshDispatch):

@@ -23,14 +23,9 @@ Benches (the step geometry of docs/benchmarks.md, one optimizer step per rollout
 * ``ppo-13m``: the same roles, 13.4M parameters (hidden 384, 6 layers), 16 prompts, 128 response tokens.
 * ``grpo-1m``: GRPO, 16 prompts x 4 responses, 32 response tokens, no reference.
 
-Layouts (`LAYOUTS`): ``default`` (the shipped demo layout: one rank per role with every core, token-budget
-micro-batches), ``2rank`` (two single-thread ranks), ``2rank-fixed`` (also fixed micro-batches: the
-demo's layout before 2026-12-04), ``fast`` (``default`` with micro-batches as large as the batch),
-``bypass`` (``fast`` without the old-log-prob pass), ``bf16`` (``default`` computing in bf16),
-``unshared`` (``default`` without shared-prompt packing: each of a prompt's samples runs its own prompt) and
-``sequential`` (``default`` with the critic's and the actor's updates one after the other), alternated
-A B C, C B A, ... for ``--rounds`` rounds. ``--vs-trl`` adds TRL's ``GRPOTrainer`` with the same
-model, prompts, reward and geometry, and ``PPOTrainer`` (policy, reference, value model from the policy's
+Layouts (`LAYOUTS`, each described there): ``default`` (the shipped demo layout: one rank per role with every
+core, token-budget micro-batches) and variants of it, alternated A B C, C B A, ... for ``--rounds`` rounds.
+``--vs-trl`` adds TRL's ``GRPOTrainer`` with the same model, prompts, reward and geometry, and ``PPOTrainer`` (policy, reference, value model from the policy's
 weights with a fresh head, the bench's reward model) for the PPO benches from the TRL release at
 ``--trl-ppo-path`` (TRL 1.x removed ``PPOTrainer``; 0.29.1 has it as ``trl.experimental.ppo``), each in its
 own process with both cores, alternated with the rlflow runs, in fp32 (``bf16=False``) and in TRL's default precision
