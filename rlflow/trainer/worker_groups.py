@@ -11,7 +11,8 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "WorkerGroups",
     "build_worker_groups",
+    "create_together",
     "init_batches",
     "overlap_threads",
     "overlapped_updates",
@@ -111,16 +113,22 @@ def build_worker_groups(config: PPOTrainerConfig, total_training_steps: int) -> 
             start_timeout_s=timeout,
         )
 
-    groups = WorkerGroups(pool=pool, actor=None)
+    makers: dict[str, Callable[[], RayWorkerGroup]] = {
+        "actor": lambda: group(ActorRolloutWorker, "actor_rollout")
+    }
+    if "ref" in roles:
+        makers["ref"] = lambda: group(RefWorker, "ref")
+    if "critic" in roles:
+        critic_world = None if config.critic.world_size is None else int(config.critic.world_size)
+        makers["critic"] = lambda: group(CriticWorker, "critic", critic_world)
+    if "reward_model" in roles:
+        makers["reward_model"] = lambda: group(RewardModelWorker, "reward_model")
     try:
-        groups.actor = group(ActorRolloutWorker, "actor_rollout")
-        if "ref" in roles:
-            groups.ref = group(RefWorker, "ref")
-        if "critic" in roles:
-            critic_world = config.critic.world_size
-            groups.critic = group(CriticWorker, "critic", None if critic_world is None else int(critic_world))
-        if "reward_model" in roles:
-            groups.reward_model = group(RewardModelWorker, "reward_model")
+        groups = WorkerGroups(pool=pool, **create_together(pool, makers))
+    except BaseException:
+        pool.remove()
+        raise
+    try:
         for batch in init_batches(groups.all(), str(config.actor_rollout_ref.rollout.name)):
             logger.info("building the models of %s", ", ".join(g.name for g in batch))
             wait_all([(g.init_model(), "init_model") for g in batch], timeout)
@@ -130,6 +138,50 @@ def build_worker_groups(config: PPOTrainerConfig, total_training_steps: int) -> 
     sp = int(config.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
     groups.actor_dp_size = groups.actor.world_size // sp
     return groups
+
+
+def create_together(
+    pool: RayResourcePool, makers: dict[str, Callable[[], RayWorkerGroup]]
+) -> dict[str, RayWorkerGroup]:
+    """Create several roles' worker groups on ``pool`` at the same time.
+
+    A group's creation waits for its rank 0 to start (a Python process that imports torch and
+    transformers, seconds of one core each), so creating the groups one after the other costs the sum of
+    those starts; created together, the processes start side by side on the pool's cores. The placement
+    groups are made first, once. If any creation fails, the groups that were created are shut down and the
+    first error is raised.
+
+    Args:
+        pool: the shared resource pool.
+        makers: role name -> a function that creates its group.
+
+    Returns:
+        role name -> its group, in the order of ``makers``.
+    """
+    pool.get_placement_groups()
+    executor = ThreadPoolExecutor(max_workers=max(1, len(makers)), thread_name_prefix="create_group")
+    started = {role: executor.submit(make) for role, make in makers.items()}
+    try:
+        wait(started.values())
+    except (
+        BaseException
+    ):  # an interrupt: let the creations end (bounded by their start timeout), then stop them
+        executor.shutdown(wait=True)
+        for group in _created(started).values():
+            group.shutdown()
+        raise
+    executor.shutdown(wait=True)
+    created = _created(started)
+    failed = [f.exception() for f in started.values() if f.exception() is not None]
+    if failed:
+        for group in created.values():
+            group.shutdown()
+        raise failed[0]
+    return created
+
+
+def _created(started: dict[str, Future]) -> dict[str, RayWorkerGroup]:
+    return {role: f.result() for role, f in started.items() if f.exception() is None}
 
 
 def overlap_threads(config: PPOTrainerConfig, groups: WorkerGroups) -> tuple[int, int] | None:

@@ -1,15 +1,23 @@
-"""The order in which the roles build their models (`init_batches`) and the threads of overlapped updates
-(`overlap_threads`), `rlflow.trainer.worker_groups`."""
+"""Creating the roles' groups together (`create_together`), the order in which they build their models
+(`init_batches`) and the threads of overlapped updates (`overlap_threads`), `rlflow.trainer.worker_groups`."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
 
 from rlflow.config import load_config, to_typed, validate_config
-from rlflow.single_controller import RayResourcePool
-from rlflow.trainer.worker_groups import WorkerGroups, init_batches, overlap_threads
+from rlflow.single_controller import (
+    Dispatch,
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    Worker,
+    register,
+)
+from rlflow.trainer.worker_groups import WorkerGroups, create_together, init_batches, overlap_threads
 
 
 def test_a_vllm_actor_builds_alone_first_everything_else_together():
@@ -56,3 +64,62 @@ def test_overlapped_updates_split_the_threads_of_a_bundle_where_that_helps(monke
         validate_config(
             load_config(["trainer.device=cuda", "trainer.overlap_updates=true"], config_name="demo")
         )
+
+
+class SlowStartWorker(Worker):
+    """Takes ``START_S`` to construct and remembers when (a rank 0 that imports a large library)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = time.time()
+        time.sleep(START_S)
+        self.ready = time.time()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def construction(self) -> tuple[float, float]:
+        return self.started, self.ready
+
+
+START_S = 3.0
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_groups_are_created_together_and_none_is_left_when_one_fails():
+    """`create_together`: the groups' rank-0 actors start at the same time (one after the other their
+    constructions could not overlap); when one creation fails, the groups already created are shut down
+    and its error is raised."""
+    import ray
+
+    pool = RayResourcePool([1], cpus_per_bundle=1.0, name_prefix="together", max_colocate_count=2)
+    made: list[RayWorkerGroup] = []
+    actors = []  # the rank-0 actor of each group made
+
+    def maker(name: str):
+        def make() -> RayWorkerGroup:
+            made.append(RayWorkerGroup(pool, RayClassWithInitArgs(SlowStartWorker), name_prefix=name))
+            actors.append(made[-1].workers[0])
+            return made[-1]
+
+        return make
+
+    try:
+        groups = create_together(pool, {"a": maker("a"), "b": maker("b")})
+        assert list(groups) == ["a", "b"] and [g.name for g in groups.values()] == ["a", "b"]
+        (a0, a1), (b0, b1) = (g.construction()[0] for g in groups.values())
+        assert a0 < b1 and b0 < a1
+        for g in groups.values():
+            g.shutdown()
+        made.clear()
+
+        def broken() -> RayWorkerGroup:
+            raise ValueError("no such model")
+
+        with pytest.raises(ValueError, match="no such model"):
+            create_together(pool, {"a": maker("a"), "b": broken})
+        assert len(made) == 1 and made[0].world_size == 0  # "a" was created, then shut down
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actors[-1].construction.remote(), timeout=60)
+    finally:
+        for g in made:
+            g.shutdown()
+        pool.remove()
