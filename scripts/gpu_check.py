@@ -19,11 +19,9 @@ The table goes into docs/gpu.md with the date, GPU model and torch version.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 import json
 import os
-import re
 import sys
 import tempfile
 import time
@@ -36,79 +34,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout without `pip install -e`
 
+from gpu_check_config import plain_config  # beside this file in scripts/
+
 from rlflow.config.schema import PPOTrainerConfig
 from rlflow.protocol import DataProto
 
 ROWS, PROMPT_LEN, RESPONSE_LEN = 8, 24, 16
 ACTOR, CRITIC, ROLLOUT = "actor_rollout_ref.actor", "critic", "actor_rollout_ref.rollout"
-_INTERPOLATION = re.compile(r"\$\{([\w.]+)\}")
-
-
-# --------------------------------------------------------------------------- config without Hydra
-
-
-def _get(obj: Any, path: str) -> Any:
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _target(path: str, root: Any, node_path: str) -> tuple[Any, str]:
-    """The value ``${path}`` names, written in the node at ``node_path``, and its absolute path
-    (OmegaConf's relative ``${.key}`` is a sibling; each further dot goes one node up)."""
-    if path.startswith("."):
-        key, parts = path.lstrip("."), node_path.split(".") if node_path else []
-        up = len(path) - len(key) - 1
-        if up > len(parts):
-            raise ValueError(f"${{{path}}} in {node_path or 'the root'} points above the root")
-        path = ".".join([*parts[: len(parts) - up], key])
-    return _get(root, path), path
-
-
-def _resolved(value: Any, root: Any, node_path: str = "", seen: frozenset = frozenset()) -> Any:
-    """``value`` (held by the node at ``node_path``) with its ``${a.b}`` / ``${.b}`` interpolations
-    resolved (a whole-string one keeps the target's type)."""
-    if not isinstance(value, str) or "${" not in value:
-        return value
-
-    def one(path: str) -> Any:
-        target, absolute = _target(path, root, node_path)
-        if absolute in seen:
-            raise ValueError(f"interpolation cycle through {absolute}")
-        return _resolved(target, root, absolute.rpartition(".")[0], seen | {absolute})
-
-    whole = _INTERPOLATION.fullmatch(value)
-    if whole:
-        return one(whole.group(1))
-    return _INTERPOLATION.sub(lambda m: str(one(m.group(1))), value)
-
-
-def _resolve(obj: Any, root: Any, node_path: str = "") -> None:
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
-            _resolve(value, root, f"{node_path}.{f.name}" if node_path else f.name)
-        else:
-            setattr(obj, f.name, _resolved(value, root, node_path))
-
-
-def plain_config(overrides: Mapping[str, Any]) -> PPOTrainerConfig:
-    """The typed trainer config from the schema's defaults (the YAML's, a test checks it) and dotted
-    ``overrides``, with ``${...}`` interpolations resolved: what ``to_typed(load_config(...))`` gives,
-    without Hydra.
-
-    Raises:
-        AttributeError: an override names a key the schema does not have.
-    """
-    cfg = PPOTrainerConfig()
-    for key, value in overrides.items():
-        parent, _, name = key.rpartition(".")
-        section = _get(cfg, parent) if parent else cfg
-        if not hasattr(section, name):
-            raise AttributeError(f"{key} is not a config key")
-        setattr(section, name, value)
-    _resolve(cfg, cfg)
-    return cfg
 
 
 def check_overrides(**extra: Any) -> dict[str, Any]:
