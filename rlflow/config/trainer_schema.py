@@ -27,7 +27,8 @@ class TrainerConfig:
             ``floor(t / 2)``); the updates do not depend on each other, and their ops that do not fill
             every core (small ops, Python) then overlap. CPU pools only (on a GPU the roles of a bundle share
             one device). None = on where it helps: a CPU run with a critic that has the actor's ranks and
-            at least 2 threads per rank (the default CPU layout); ``timing_s/update`` is then the phase,
+            at least 2 threads per rank (the default CPU layout; on a local Ray at most the machine's cores
+            shared by the ranks are split, however many CPUs Ray counts); ``timing_s/update`` is then the phase,
             and ``timing_s/update_critic`` / ``update_actor`` each role's time from its start.
         worker_start_timeout_s: bound on starting every role's actors and building their models; a
             heartbeat line names what is still pending every 30 s, then an error names the role.
