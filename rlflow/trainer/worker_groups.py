@@ -164,9 +164,8 @@ def create_together(
     started = {role: executor.submit(make) for role, make in makers.items()}
     try:
         wait(started.values())
-    except (
-        BaseException
-    ):  # an interrupt: let the creations end (bounded by their start timeout), then stop them
+    except BaseException:
+        # an interrupt: let the creations end (bounded by their start timeout), then stop them
         executor.shutdown(wait=True)
         for group in _created(started).values():
             group.shutdown()
@@ -217,7 +216,8 @@ def overlap_threads(config: PPOTrainerConfig, groups: WorkerGroups) -> tuple[int
 
 
 def machine_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    """The logical CPUs this process may run on (its affinity mask where the OS has one): what OpenMP
+    threads of the machine's processes share."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows

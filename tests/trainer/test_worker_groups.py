@@ -83,6 +83,9 @@ def test_overlapped_updates_split_only_the_cores_a_local_rank_has(monkeypatch):
     assert overlap_threads(remote, _groups(4.0)) == (2, 2)
 
 
+START_S = 3.0
+
+
 class SlowStartWorker(Worker):
     """Takes ``START_S`` to construct and remembers when (a rank 0 that imports a large library)."""
 
@@ -95,9 +98,6 @@ class SlowStartWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def construction(self) -> tuple[float, float]:
         return self.started, self.ready
-
-
-START_S = 3.0
 
 
 @pytest.mark.usefixtures("ray_session")
