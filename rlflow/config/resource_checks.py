@@ -9,7 +9,13 @@ from omegaconf import DictConfig
 
 from rlflow.config.checks import value_at
 
-__all__ = ["check_local_resources", "cpus_per_rank", "ray_cpus"]
+__all__ = ["check_local_resources", "cpus_per_rank", "ray_address", "ray_cpus"]
+
+
+def ray_address(address: str | None) -> str | None:
+    """The Ray cluster a run joins: ``ray_init.address`` (``address``), else ``RAY_ADDRESS``, as
+    `rlflow.single_controller.init_ray` reads them; None = a local Ray started on this machine."""
+    return address or os.environ.get("RAY_ADDRESS") or None
 
 
 def ray_cpus(num_cpus: int | None) -> float:
@@ -33,7 +39,7 @@ def check_local_resources(cfg: DictConfig) -> None:
     """A local Ray must hold the placement group: ``nnodes × n_gpus_per_node`` CUDA devices with
     ``trainer.device=cuda``; ``× cpus_per_worker`` CPUs on CPU. Checked here, before Ray starts, rather than
     as a placement timeout later."""
-    if value_at(cfg, "ray_init.address") is not None or os.environ.get("RAY_ADDRESS"):
+    if ray_address(value_at(cfg, "ray_init.address")) is not None:
         return  # a remote cluster: its resources are checked when the placement group is created
     import torch
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlflow.config import needed_roles
-from rlflow.config.resource_checks import cpus_per_rank
+from rlflow.config.resource_checks import cpus_per_rank, ray_address
 from rlflow.config.schema import PPOTrainerConfig
 from rlflow.logging.tracking import run_log_dir
 from rlflow.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
@@ -207,7 +207,7 @@ def overlap_threads(config: PPOTrainerConfig, groups: WorkerGroups) -> tuple[int
             )
         return None
     threads = groups.pool.cpu_threads()
-    if config.ray_init.address is None and not os.environ.get("RAY_ADDRESS"):
+    if ray_address(config.ray_init.address) is None:
         # a local Ray: every rank is on this machine, and its CPU count may exceed the cores (ray_init.num_cpus)
         threads = min(threads, max(1, machine_cores() // max(1, sum(groups.pool.process_on_nodes))))
     if setting is None and (threads < 2 or groups.critic.world_size != groups.actor.world_size):

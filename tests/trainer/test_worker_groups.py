@@ -81,6 +81,8 @@ def test_overlapped_updates_split_only_the_cores_a_local_rank_has(monkeypatch):
     assert overlap_threads(on, _groups(4.0, actor_ranks=2, critic_ranks=2)) == (1, 1)
     remote = _typed("ray_init.address=ray://head:10001")
     assert overlap_threads(remote, _groups(4.0)) == (2, 2)
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")  # joined as init_ray joins it
+    assert overlap_threads(auto, _groups(4.0)) == (2, 2)
 
 
 START_S = 3.0
