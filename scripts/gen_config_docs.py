@@ -159,7 +159,8 @@ CLASS_NOTES: dict[str, dict[str, str]] = {
         "nnodes": "nodes; the resource pool has nnodes x n_gpus_per_node bundles",
         "cpus_per_worker": "CPUs of one bundle, shared by the roles colocated on it. The roles take turns, so "
         "each computes with all of them: every worker's `OMP_NUM_THREADS` is `int(cpus_per_worker)` (at least "
-        "1; an `OMP_NUM_THREADS` in the driver's environment wins). Also the thread count of the CPU "
+        "1; on a local Ray at most the machine's cores shared by the ranks, when `ray_init.num_cpus` counts "
+        "more CPUs than it has; an `OMP_NUM_THREADS` in the driver's environment wins). Also the thread count of the CPU "
         "peak-FLOP/s estimate. null = the Ray cluster's CPUs shared evenly by the nnodes x n_gpus_per_node ranks "
         "(at least 1), what the demo uses. On a CPU machine with C cores one rank with every core is faster "
         "than C single-thread ranks (the demo: 1.4x on 2 cores, docs/benchmarks.md)",

@@ -104,6 +104,8 @@ class RayResourcePool:
         cpus_per_bundle: CPUs reserved by each bundle.
         name_prefix: names the placement groups and appears in errors.
         placement_timeout_s: how long to wait for the placement groups before giving up with an error.
+        max_threads: most intra-op threads of one actor (`cpu_threads`), e.g. the cores of the machine a
+            local Ray runs on, shared by the pool's ranks; None = the bundle's CPUs.
     """
 
     def __init__(
@@ -114,6 +116,7 @@ class RayResourcePool:
         cpus_per_bundle: float = 1.0,
         name_prefix: str = "rlflow",
         placement_timeout_s: float = 60.0,
+        max_threads: int | None = None,
     ) -> None:
         if not process_on_nodes or any(int(n) <= 0 for n in process_on_nodes):
             raise ValueError(
@@ -127,6 +130,9 @@ class RayResourcePool:
         self.cpus_per_bundle = float(cpus_per_bundle)
         self.name_prefix = name_prefix
         self.placement_timeout_s = placement_timeout_s
+        if max_threads is not None and int(max_threads) < 1:
+            raise ValueError(f"max_threads must be >= 1 or None, got {max_threads}")
+        self.max_threads = None if max_threads is None else int(max_threads)
         self._pgs: list[PlacementGroup] | None = None
 
     @property
@@ -145,7 +151,7 @@ class RayResourcePool:
         return res
 
     def cpu_threads(self) -> int:
-        """Intra-op threads of each actor: all of its bundle's CPUs (at least 1).
+        """Intra-op threads of each actor: all of its bundle's CPUs (at least 1), at most ``max_threads``.
 
         The roles colocated on a bundle take turns (the driver calls them one after the other), so each
         computes with every CPU of the bundle while the others wait. Calls the driver runs at the same time
@@ -158,7 +164,8 @@ class RayResourcePool:
         explicit = os.environ.get("OMP_NUM_THREADS")
         if explicit and explicit.isdigit() and int(explicit) > 0:
             return int(explicit)
-        return max(1, int(self.cpus_per_bundle))
+        threads = max(1, int(self.cpus_per_bundle))
+        return threads if self.max_threads is None else min(threads, self.max_threads)
 
     def allocator_env(self) -> dict[str, str]:
         """glibc ``malloc`` settings for the actors of a CPU pool: freed memory stays in the process.

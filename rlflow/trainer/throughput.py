@@ -12,7 +12,7 @@ from rlflow.config import need_critic
 from rlflow.config.schema import PPOTrainerConfig
 from rlflow.protocol import DataProto
 from rlflow.trainer.metrics import compute_throughput_metrics
-from rlflow.trainer.worker_groups import WorkerGroups, cpus_per_worker
+from rlflow.trainer.worker_groups import WorkerGroups, rank_threads
 
 __all__ = ["UpdateThroughput"]
 
@@ -51,7 +51,7 @@ class UpdateThroughput:
             trainer = config.trainer
             configured = None if trainer.peak_tflops is None else float(trainer.peak_tflops) * 1e12
             device = "cuda" if torch.cuda.is_available() and str(trainer.device) != "cpu" else "cpu"
-            threads = max(1, int(cpus_per_worker(config)))
+            threads = rank_threads(config)
             self.peak_flops = peak_flops(device, configured=configured, num_threads=threads)
 
     def metrics(self, batch: DataProto, timing: dict[str, float], groups: WorkerGroups) -> dict[str, float]:

@@ -36,6 +36,9 @@ __all__ = [
     "overlap_threads",
     "overlapped_updates",
     "profiled_step",
+    "rank_threads",
+    "rank_threads_cap",
+    "resource_pool",
 ]
 
 logger = logging.getLogger(__name__)
@@ -85,6 +88,46 @@ def cpus_per_worker(config: PPOTrainerConfig) -> float:
     return cpus_per_rank(trainer.cpus_per_worker, ranks, config.ray_init.num_cpus)
 
 
+def rank_threads_cap(config: PPOTrainerConfig) -> int | None:
+    """The most intra-op threads one rank computes with: on a local Ray, this machine's cores
+    (`machine_cores`) shared by the pool's ranks; None when the run joins a cluster (its bundles' CPUs are
+    trusted).
+
+    A local Ray may count more CPUs than the machine has cores (``ray_init.num_cpus=4`` on 2 cores, as the
+    test suite starts it). Each rank would then run a bundle's worth of OpenMP threads on fewer cores, where
+    their spinning waits take turns on the cores: the demo ran at 0.62 s/step instead of 0.42, and its
+    overlapped updates 5x slower.
+    """
+    if ray_address(config.ray_init.address) is not None:
+        return None
+    ranks = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
+    return max(1, machine_cores() // max(1, ranks))
+
+
+def rank_threads(config: PPOTrainerConfig) -> int:
+    """Intra-op threads of one rank without an ``OMP_NUM_THREADS`` of the driver's: its bundle's CPUs
+    (`cpus_per_worker`), at most `rank_threads_cap`."""
+    threads = max(1, int(cpus_per_worker(config)))
+    cap = rank_threads_cap(config)
+    return threads if cap is None else min(threads, cap)
+
+
+def resource_pool(config: PPOTrainerConfig, roles: int) -> RayResourcePool:
+    """The pool every role's group is placed on: one bundle of ``cpus_per_worker`` CPUs per rank
+    (``trainer.nnodes × trainer.n_gpus_per_node``), ``roles`` roles colocated on each bundle, each rank
+    computing with at most `rank_threads_cap` threads."""
+    trainer = config.trainer
+    return RayResourcePool(
+        [int(trainer.n_gpus_per_node)] * int(trainer.nnodes),
+        use_gpu=_device(config) == "cuda",
+        max_colocate_count=roles,
+        cpus_per_bundle=cpus_per_worker(config),
+        name_prefix=f"rlflow_{trainer.experiment_name}",
+        placement_timeout_s=float(trainer.placement_timeout_s),
+        max_threads=rank_threads_cap(config),
+    )
+
+
 def build_worker_groups(config: PPOTrainerConfig, total_training_steps: int) -> WorkerGroups:
     """Create the resource pool and every needed role's group, then build all models (in parallel).
 
@@ -93,17 +136,8 @@ def build_worker_groups(config: PPOTrainerConfig, total_training_steps: int) -> 
     from rlflow.workers import ActorRolloutWorker, CriticWorker, RefWorker, RewardModelWorker
 
     roles = needed_roles(config)
-    trainer = config.trainer
-    pool = RayResourcePool(
-        [int(trainer.n_gpus_per_node)] * int(trainer.nnodes),
-        use_gpu=_device(config) == "cuda",
-        max_colocate_count=len(roles),
-        cpus_per_bundle=cpus_per_worker(config),
-        name_prefix=f"rlflow_{trainer.experiment_name}",
-        placement_timeout_s=float(trainer.placement_timeout_s),
-    )
-
-    timeout = float(trainer.worker_start_timeout_s)
+    pool = resource_pool(config, len(roles))
+    timeout = float(config.trainer.worker_start_timeout_s)
 
     def group(cls: type, name: str, num_workers: int | None = None) -> RayWorkerGroup:
         return RayWorkerGroup(
@@ -190,10 +224,10 @@ def overlap_threads(config: PPOTrainerConfig, groups: WorkerGroups) -> tuple[int
 
     On where it helps (null): a CPU run whose critic has the actor's ranks (every bundle holds one rank of
     each) and at least 2 threads per rank. True: on every CPU run with a critic. The bundle's threads ``t``
-    are split ``ceil(t / 2)`` for the actor, ``floor(t / 2)`` (at least 1) for the critic. On a local Ray
-    ``t`` is at most this machine's cores shared by the pool's ranks (`machine_cores`): a Ray started with
-    more CPUs than cores (``ray_init.num_cpus``) would otherwise put two processes' OpenMP teams on the same
-    cores, where their spinning waits took the demo's update phase from 0.34 to 2.44 s.
+    are split ``ceil(t / 2)`` for the actor, ``floor(t / 2)`` (at least 1) for the critic; ``t`` is the
+    pool's `RayResourcePool.cpu_threads`, on a local Ray at most the machine's cores shared by the pool's
+    ranks (`rank_threads_cap`): two processes' OpenMP teams on the same cores took the demo's update phase
+    from 0.34 to 2.44 s.
     """
     setting = config.trainer.overlap_updates
     if setting is False or groups.critic is None:
@@ -207,9 +241,6 @@ def overlap_threads(config: PPOTrainerConfig, groups: WorkerGroups) -> tuple[int
             )
         return None
     threads = groups.pool.cpu_threads()
-    if ray_address(config.ray_init.address) is None:
-        # a local Ray: every rank is on this machine, and its CPU count may exceed the cores (ray_init.num_cpus)
-        threads = min(threads, max(1, machine_cores() // max(1, sum(groups.pool.process_on_nodes))))
     if setting is None and (threads < 2 or groups.critic.world_size != groups.actor.world_size):
         return None
     return threads - threads // 2, max(1, threads // 2)

@@ -68,21 +68,58 @@ def test_overlapped_updates_split_the_threads_of_a_bundle_where_that_helps(monke
         )
 
 
+def _pool_groups(config):
+    """The run's own pool (`resource_pool`, no Ray call) with a critic on every rank of the actor."""
+    pool = worker_groups.resource_pool(config, 2)
+    ranks = SimpleNamespace(world_size=pool.world_size)
+    return WorkerGroups(pool=pool, actor=ranks, critic=ranks)
+
+
 def test_overlapped_updates_split_only_the_cores_a_local_rank_has(monkeypatch):
     """A local Ray that counts more CPUs than the machine has cores (``ray_init.num_cpus=4`` on 2 cores, as
     the test suite starts it): the bundle's 4 CPUs would become two processes of 2 threads on 2 cores, whose
     spinning OpenMP waits made the demo's update phase 5x slower (2.44 s instead of 0.34 with one thread
     each). The split is of the cores each rank of the machine has; a remote cluster's bundles are trusted."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(worker_groups, "machine_cores", lambda: 2)
-    auto, on = _typed(), _typed("trainer.overlap_updates=true")
-    assert overlap_threads(auto, _groups(4.0)) == (1, 1)
-    assert overlap_threads(auto, _groups(4.0, actor_ranks=2, critic_ranks=2)) is None  # one core per rank
-    assert overlap_threads(on, _groups(4.0, actor_ranks=2, critic_ranks=2)) == (1, 1)
-    remote = _typed("ray_init.address=ray://head:10001")
-    assert overlap_threads(remote, _groups(4.0)) == (2, 2)
+    local = ("ray_init.num_cpus=4",)
+    auto = _typed(*local)
+    assert overlap_threads(auto, _pool_groups(auto)) == (1, 1)
+    two = _typed(*local, "trainer.n_gpus_per_node=2")
+    assert overlap_threads(two, _pool_groups(two)) is None  # one core per rank
+    two_on = _typed(*local, "trainer.n_gpus_per_node=2", "trainer.overlap_updates=true")
+    assert overlap_threads(two_on, _pool_groups(two_on)) == (1, 1)
+    remote = _typed(
+        "ray_init.address=ray://head:10001", "ray_init.num_cpus=null", "trainer.cpus_per_worker=4"
+    )
+    assert overlap_threads(remote, _pool_groups(remote)) == (2, 2)
     monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")  # joined as init_ray joins it
-    assert overlap_threads(auto, _groups(4.0)) == (2, 2)
+    joined = _typed("trainer.cpus_per_worker=4")
+    assert overlap_threads(joined, _pool_groups(joined)) == (2, 2)
+
+
+def test_a_local_rank_computes_with_at_most_the_cores_it_has(monkeypatch):
+    """Every call, not only the overlapped updates: on a local Ray that counts more CPUs than the machine has
+    cores (``ray_init.num_cpus=4`` on 2 cores, as the test suite starts it), the demo's one rank per role got
+    4 OpenMP threads on 2 cores, and its generation, forwards and sequential updates ran with OpenMP's
+    waiting threads taking turns on the cores (the demo at 0.62 s/step instead of 0.42). A rank's threads
+    are the cores of the machine shared by the pool's ranks; a remote cluster's bundles are trusted, and an
+    explicit ``OMP_NUM_THREADS`` wins."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(worker_groups, "machine_cores", lambda: 2)
+
+    def threads(*overrides: str) -> int:
+        return worker_groups.resource_pool(_typed("ray_init.num_cpus=4", *overrides), 4).cpu_threads()
+
+    assert threads() == 2  # one rank, a 4-CPU bundle
+    assert threads("trainer.n_gpus_per_node=2") == 1  # two ranks, 2 CPUs each
+    assert threads("trainer.cpus_per_worker=1") == 1  # fewer CPUs than cores: the bundle's
+    remote = ("ray_init.address=ray://head:10001", "ray_init.num_cpus=null", "trainer.cpus_per_worker=4")
+    assert threads(*remote) == 4
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert threads() == 3
 
 
 START_S = 3.0
