@@ -268,8 +268,11 @@ def measure_peak_flops(
     size: int | None = None,
     min_time_s: float = 0.2,
     kernel: str = "matmul",
+    fresh: bool = False,
 ) -> float:
-    """Best FLOP/s of a square matrix multiply on ``device``, measured once per arguments and cached.
+    """Best FLOP/s of a square matrix multiply on ``device``, measured once per arguments and cached
+    (``fresh=True`` measures again and leaves the cache alone: a benchmark reads the rate of a shared
+    machine before each of its runs).
 
     Runs three warm-up products, then repeats ``size x size`` products (at least 3, at least ``min_time_s``
     seconds) and keeps the fastest (``2 size^3`` FLOPs each) — the best case, since shared machines are
@@ -284,6 +287,7 @@ def measure_peak_flops(
         min_time_s: minimum total time of the timed products.
         kernel: ``matmul`` (``torch.matmul``: MKL on x86 CPUs) or ``onednn`` (oneDNN's linear kernel, which
             the rollout's packed decoding projections use; CPU only, NaN where torch has no oneDNN).
+        fresh: measure now instead of returning the cached result.
     """
     is_cuda = torch.device(device).type == "cuda"
     if is_cuda and kernel != "matmul":
@@ -291,7 +295,8 @@ def measure_peak_flops(
     dtype = dtype or (torch.bfloat16 if is_cuda else torch.float32)
     threads = int(num_threads or torch.get_num_threads())
     side = int(size or (8192 if is_cuda else 1024))
-    return _measure(str(device), dtype, threads, side, float(min_time_s), kernel)
+    measure = _measure.__wrapped__ if fresh else _measure
+    return measure(str(device), dtype, threads, side, float(min_time_s), kernel)
 
 
 def peak_flops(device: str, configured: float | None = None, num_threads: int | None = None) -> float:

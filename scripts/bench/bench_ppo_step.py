@@ -12,7 +12,10 @@ Each run is ``python -m rlflow.trainer.main_ppo`` in a fresh process on a tiny Q
   the count is the work of the step, as in MFU, not the arithmetic run);
 * the roofline: step FLOPs / the measured fp32 GEMM rate of the machine with all its cores
   (`rlflow.logging.flops.measure_peak_flops`), i.e. the step time of a perfect implementation; the
-  achieved fraction is roofline time / measured step time;
+  achieved fraction is roofline time / measured step time. The rate is read at the start, and again
+  just before every run: the machines are shared, and their GEMM rate moves by 10-15 % within an hour.
+  The column ``roofline, GEMM read per run`` sets each run's step time against the reading taken just
+  before it (median over the variant's runs);
 * tokens/s (valid prompt + response tokens of the step's batch) and the peak RSS of every role's
   processes (sampled from ``/proc`` while the run lasts).
 
@@ -229,6 +232,7 @@ class RunResult:
     steps: list[dict[str, float]]
     rss_mib: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
+    gemm: float = float("nan")  # the fp32 GEMM rate (FLOP/s) read just before the run
 
 
 def run_rlflow(overrides: list[str], run_dir: Path, warmup: int, log: Path) -> RunResult:
@@ -459,6 +463,7 @@ def report(
         "roofline",
         "roofline, own precision",
         "roofline vs oneDNN fp32",
+        "roofline, GEMM read per run",
         *[f"{p} s" for p in PHASES],
         "peak RSS MiB per role",
     ]
@@ -471,6 +476,13 @@ def report(
         own = roofline * peak / peaks["bf16" if variant.endswith("bf16") else "fp32"]
         onednn_peak = peaks.get("fp32 oneDNN", float("nan"))  # NaN without oneDNN: the column shows "-"
         onednn = roofline * peak / max(peak, onednn_peak) if onednn_peak == onednn_peak else float("nan")
+        per_run = _median(
+            [
+                step_flops / run.gemm / _median([r["timing_s/step"] for r in run.steps])
+                for run in runs
+                if run.steps and step_flops
+            ]
+        )
         phases = []
         for p in PHASES:
             vals = [r[f"timing_s/{p}"] for r in rows if f"timing_s/{p}" in r]
@@ -484,6 +496,7 @@ def report(
         lines.append(
             f"| {variant} | {step:.3f} | {tokens_text} | {100 * roofline:.0f} % | {100 * own:.0f} % | "
             + (f"{100 * onednn:.0f} % | " if onednn == onednn else "- | ")
+            + (f"{100 * per_run:.0f} % | " if per_run == per_run else "- | ")
             + " | ".join(phases)
             + f" | {rss_text} |"
         )
@@ -496,6 +509,12 @@ def report(
             f"{peak / 1e9:.0f} GFLOP/s (fp32), {step_flops / peaks['bf16']:.3f} s at {peaks['bf16'] / 1e9:.0f} "
             "GFLOP/s (bf16)",
         ]
+        readings = sorted(run.gemm / 1e9 for runs in results.values() for run in runs)
+        lines.append(
+            f"fp32 GEMM read before each run: {readings[0]:.0f}..{readings[-1]:.0f} GFLOP/s, median "
+            f"{_median(readings):.0f}; 'roofline, GEMM read per run' is the median over a variant's runs of "
+            "(roofline step time at the run's reading) / (the run's median step time)"
+        )
     variants = list(results)
     pairs = [(variants[0], other) for other in variants[1:] if not other.startswith("TRL")]
     pairs += [(trl, other) for trl in variants if trl.startswith("TRL") for other in variants if other != trl]
@@ -573,6 +592,7 @@ def main() -> None:
                 shutil.rmtree(run_dir, ignore_errors=True)  # the jsonl logger appends to an old run's file
                 run_dir.parent.mkdir(parents=True, exist_ok=True)
                 total = args.warmup + args.steps
+                gemm = measure_peak_flops("cpu", num_threads=cores, fresh=True)  # the machine, now
                 if variant.startswith("TRL"):
                     bf16 = variant.endswith("bf16")
                     models = (policy, reward)
@@ -583,9 +603,13 @@ def main() -> None:
                         bench_overrides(bench, policy, reward, total, run_dir) + layout + args.overrides
                     )
                     result = run_rlflow(overrides, run_dir, args.warmup, log)
+                result.gemm = gemm
                 results[variant].append(result)
                 step = _median([r["timing_s/step"] for r in result.steps])
-                print(f"  {name} round {round_} {variant}: {step:.3f} s/step ({result.wall_s:.0f} s wall)")
+                print(
+                    f"  {name} round {round_} {variant}: {step:.3f} s/step ({result.wall_s:.0f} s wall; "
+                    f"GEMM before it {gemm / 1e9:.0f} GFLOP/s)"
+                )
         print("\n".join(["", *report(name, bench, policy, results, peaks), ""]))
 
 

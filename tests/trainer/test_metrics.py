@@ -11,6 +11,7 @@ import torch
 import transformers
 
 from rlflow.algos.stats import explained_variance, explained_variance_from_stats, explained_variance_stats
+from rlflow.logging import flops
 from rlflow.logging.flops import (
     FlopsCounter,
     count_matmul_params,
@@ -289,13 +290,20 @@ def test_gpu_peak_table(name, tflops):
     assert lookup_gpu_peak_flops(name) == expected
 
 
-def test_peak_flops_configured_wins_and_cpu_is_measured_once():
+def test_peak_flops_configured_wins_and_cpu_is_measured_once(monkeypatch):
     assert peak_flops("cpu", configured=1.5e12) == 1.5e12
     with pytest.raises(ValueError, match="> 0"):
         peak_flops("cpu", configured=0.0)
     first = measure_peak_flops("cpu", num_threads=1, size=128, min_time_s=0.01)
     assert 1e6 < first < 1e13  # a 2-core machine: between a MFLOP/s and 10 TFLOP/s
     assert measure_peak_flops("cpu", num_threads=1, size=128, min_time_s=0.01) == first  # cached
+    products = []
+    monkeypatch.setattr(flops, "_product", lambda kernel: lambda a, b: products.append(1) or a @ b)
+    assert measure_peak_flops("cpu", num_threads=1, size=128, min_time_s=0.01) == first and not products
+    again = measure_peak_flops("cpu", num_threads=1, size=128, min_time_s=0.01, fresh=True)
+    assert len(products) >= 6 and 1e6 < again < 1e13  # 3 warm-up and at least 3 timed products, measured now
+    assert measure_peak_flops("cpu", num_threads=1, size=128, min_time_s=0.01) == first  # the cache kept
+    monkeypatch.undo()
     onednn = measure_peak_flops("cpu", num_threads=1, size=128, min_time_s=0.01, kernel="onednn")
     assert onednn != onednn or 1e6 < onednn < 1e13  # NaN where torch has no oneDNN
     with pytest.raises(ValueError, match="kernel='blas'"):
