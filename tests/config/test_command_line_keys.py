@@ -11,8 +11,7 @@ from omegaconf import OmegaConf
 
 from rlflow.config import PPOTrainerConfig, load_config, validate_config
 from rlflow.config.suggest import check_override_keys
-
-ACTOR = "actor_rollout_ref.actor"
+from tests.config.keys import ACTOR
 
 
 @pytest.mark.parametrize(

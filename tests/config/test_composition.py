@@ -22,11 +22,7 @@ from rlflow.config import (
 )
 from rlflow.config.loading import load_sft_config
 from rlflow.config.sft_validate import validate_sft_config
-
-HEADS = {"num_attention_heads": 4, "num_key_value_heads": 2}  # the embedded tiny model
-ACTOR = "actor_rollout_ref.actor"
-ROLLOUT = "actor_rollout_ref.rollout"
-
+from tests.config.keys import ACTOR, HEADS, ROLLOUT
 
 # --------------------------------------------------------------------------- composition
 

@@ -14,10 +14,7 @@ from rlflow.config import (
     load_config,
     validate_config,
 )
-
-HEADS = {"num_attention_heads": 4, "num_key_value_heads": 2}  # the embedded tiny model
-ACTOR = "actor_rollout_ref.actor"
-ROLLOUT = "actor_rollout_ref.rollout"
+from tests.config.keys import ACTOR, HEADS, ROLLOUT
 
 REWARD_PY = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):

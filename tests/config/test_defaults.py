@@ -7,10 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from rlflow.config import PPOTrainerConfig, load_config, need_critic, need_reference_policy, validate_config
-
-HEADS = {"num_attention_heads": 4, "num_key_value_heads": 2}  # the embedded tiny model
-ACTOR = "actor_rollout_ref.actor"
-ROLLOUT = "actor_rollout_ref.rollout"
+from tests.config.keys import ACTOR, HEADS, ROLLOUT
 
 # verl's defaults (its ``ppo_trainer.yaml``) for the keys both have: rlflow's base config keeps them.
 VERL_DEFAULTS = {
