@@ -102,8 +102,8 @@ def test_overlapped_updates_split_only_the_cores_a_local_rank_has(monkeypatch):
 def test_a_local_rank_computes_with_at_most_the_cores_it_has(monkeypatch):
     """Every call, not only the overlapped updates: on a local Ray that counts more CPUs than the machine has
     cores (``ray_init.num_cpus=4`` on 2 cores, as the test suite starts it), the demo's one rank per role got
-    4 OpenMP threads on 2 cores, and its generation, forwards and sequential updates ran with OpenMP's
-    waiting threads taking turns on the cores (the demo at 0.62 s/step instead of 0.42). A rank's threads
+    4 OpenMP threads on 2 cores for its generation, forwards and sequential updates, whose waiting threads
+    take turns on the cores (a 13M forward: 0.63 s with 4 threads, 0.50-0.59 s with 2). A rank's threads
     are the cores of the machine shared by the pool's ranks; a remote cluster's bundles are trusted, and an
     explicit ``OMP_NUM_THREADS`` wins."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
