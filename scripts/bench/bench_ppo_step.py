@@ -62,6 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trl_runners import TRL_PPO_RUNNER, TRL_RUNNER, trl_available, trl_env  # scripts/bench/, beside this file
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SIZES: dict[str, dict[str, int]] = {
@@ -234,6 +236,11 @@ class RunResult:
     wall_s: float = 0.0
     gemm: float = float("nan")  # the fp32 GEMM rate (FLOP/s) read just before the run
 
+    @property
+    def step_s(self) -> float:
+        """The run's median step time (its timed steps)."""
+        return _median([r["timing_s/step"] for r in self.steps])
+
 
 def run_rlflow(overrides: list[str], run_dir: Path, warmup: int, log: Path) -> RunResult:
     env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
@@ -253,119 +260,6 @@ def run_rlflow(overrides: list[str], run_dir: Path, warmup: int, log: Path) -> R
 
 
 # --------------------------------------------------------------------------------------------- TRL runs
-
-TRL_RUNNER = r"""
-import json, sys, time
-import torch
-from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
-
-from rlflow.data.tasks import ensure_task_files
-from rlflow.reward.default import default_compute_score
-
-spec = json.loads(sys.argv[1])
-torch.set_num_threads(spec["threads"])
-import pandas as pd
-train, _ = ensure_task_files("arithmetic")
-frame = pd.read_parquet(train)
-rows = [{"prompt": list(r["prompt"]), "ground_truth": r["reward_model"]["ground_truth"],
-         "data_source": r["data_source"]} for _, r in frame.iterrows()]
-dataset = Dataset.from_list(rows)
-
-def reward(prompts, completions, ground_truth, data_source, **kw):
-    return [float(default_compute_score(s, c[0]["content"], g)["score"]) for c, g, s in
-            zip(completions, ground_truth, data_source)]
-
-class Timer(TrainerCallback):
-    def __init__(self): self.times, self.t = [], None
-    def on_step_begin(self, *a, **k): self.t = time.perf_counter()
-    def on_step_end(self, *a, **k): self.times.append(time.perf_counter() - self.t)
-
-config = GRPOConfig(
-    output_dir=spec["out"], per_device_train_batch_size=spec["prompts"] * spec["n"],
-    num_generations=spec["n"], max_completion_length=spec["response_length"],
-    max_steps=spec["steps"], learning_rate=1e-4, logging_steps=1, report_to=[], save_strategy="no",
-    use_cpu=True, bf16=spec["bf16"], gradient_accumulation_steps=1, dataloader_num_workers=0,
-    disable_tqdm=True, seed=1, temperature=1.0,
-)
-tokenizer = AutoTokenizer.from_pretrained(spec["model"])
-model = AutoModelForCausalLM.from_pretrained(spec["model"], attn_implementation="sdpa")
-timer = Timer()
-trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
-                      processing_class=tokenizer, callbacks=[timer])
-trainer.train()
-print("TRL_STEP_TIMES " + json.dumps(timer.times))
-"""
-
-
-TRL_PPO_RUNNER = r"""
-import json, sys, time
-import torch
-from datasets import Dataset
-from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
-                          TrainerCallback)
-try:
-    from trl.experimental.ppo import PPOConfig, PPOTrainer
-except ImportError:
-    from trl import PPOConfig, PPOTrainer
-
-from rlflow.data.tasks import ensure_task_files
-
-spec = json.loads(sys.argv[1])
-torch.set_num_threads(spec["threads"])
-import pandas as pd
-train, _ = ensure_task_files("arithmetic")
-frame = pd.read_parquet(train)
-tokenizer = AutoTokenizer.from_pretrained(spec["model"])
-rows = [{"input_ids": tokenizer.apply_chat_template(list(r["prompt"]), add_generation_prompt=True,
-                                                    tokenize=True, return_dict=False)}
-        for _, r in frame.iterrows()]
-dataset = Dataset.from_list([r for r in rows if len(r["input_ids"]) <= spec["max_prompt_length"]])
-
-class Timer(TrainerCallback):  # PPOTrainer calls no on_step_begin: time between step ends
-    def __init__(self): self.ends = []
-    def on_train_begin(self, *a, **k): self.ends.append(time.perf_counter())
-    def on_step_end(self, *a, **k): self.ends.append(time.perf_counter())
-
-config = PPOConfig(
-    output_dir=spec["out"], per_device_train_batch_size=spec["prompts"], num_mini_batches=1,
-    num_ppo_epochs=1, gradient_accumulation_steps=1, local_rollout_forward_batch_size=spec["prompts"],
-    response_length=spec["response_length"], total_episodes=spec["prompts"] * spec["steps"],
-    learning_rate=1e-4, temperature=1.0, stop_token="eos", num_sample_generations=0,
-    report_to=[], save_strategy="no", use_cpu=True, bf16=spec["bf16"], dataloader_num_workers=0,
-    disable_tqdm=True, seed=1,
-)
-policy = AutoModelForCausalLM.from_pretrained(spec["model"], attn_implementation="sdpa")
-ref = AutoModelForCausalLM.from_pretrained(spec["model"], attn_implementation="sdpa")
-value = AutoModelForSequenceClassification.from_pretrained(spec["model"], num_labels=1,
-                                                           attn_implementation="sdpa")
-reward_model = AutoModelForSequenceClassification.from_pretrained(spec["reward"], num_labels=1,
-                                                                  attn_implementation="sdpa")
-timer = Timer()
-trainer = PPOTrainer(args=config, processing_class=tokenizer, model=policy, ref_model=ref,
-                     reward_model=reward_model, train_dataset=dataset, value_model=value,
-                     callbacks=[timer])
-trainer.train()
-print("TRL_STEP_TIMES " + json.dumps([b - a for a, b in zip(timer.ends, timer.ends[1:])]))
-"""
-
-
-def trl_available(ppo: bool = False, path: str | None = None) -> bool:
-    """TRL importable (with ``path`` first on ``sys.path``); for ``ppo``, one that still has ``PPOTrainer``
-    (TRL <= 0.29: ``trl.experimental.ppo``; TRL 1.x removed it)."""
-    probe = "try:\n    import trl.experimental.ppo\nexcept ImportError:\n    from trl import PPOTrainer"
-    code = probe if ppo else "import trl"
-    return (
-        subprocess.run([sys.executable, "-c", code], env=_trl_env(path), capture_output=True).returncode == 0
-    )
-
-
-def _trl_env(path: str | None) -> dict[str, str]:
-    env = dict(os.environ, TRL_EXPERIMENTAL_SILENCE="1")
-    if path:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (path, env.get("PYTHONPATH")) if p)
-    return env
 
 
 def run_trl(
@@ -401,7 +295,7 @@ def run_trl(
             stdout=subprocess.PIPE,
             stderr=out,
             text=True,
-            env=_trl_env(ppo_path if ppo else None),
+            env=trl_env(ppo_path if ppo else None),
         )
     if proc.returncode != 0:
         raise SystemExit(f"TRL run failed (exit {proc.returncode}); see {log}")
@@ -476,13 +370,7 @@ def report(
         own = roofline * peak / peaks["bf16" if variant.endswith("bf16") else "fp32"]
         onednn_peak = peaks.get("fp32 oneDNN", float("nan"))  # NaN without oneDNN: the column shows "-"
         onednn = roofline * peak / max(peak, onednn_peak) if onednn_peak == onednn_peak else float("nan")
-        per_run = _median(
-            [
-                step_flops / run.gemm / _median([r["timing_s/step"] for r in run.steps])
-                for run in runs
-                if run.steps and step_flops
-            ]
-        )
+        per_run = _median([step_flops / run.gemm / run.step_s for run in runs if run.steps and step_flops])
         phases = []
         for p in PHASES:
             vals = [r[f"timing_s/{p}"] for r in rows if f"timing_s/{p}" in r]
@@ -519,10 +407,7 @@ def report(
     pairs = [(variants[0], other) for other in variants[1:] if not other.startswith("TRL")]
     pairs += [(trl, other) for trl in variants if trl.startswith("TRL") for other in variants if other != trl]
     for num, den in pairs:
-        ratios = [
-            _median([r["timing_s/step"] for r in a.steps]) / _median([r["timing_s/step"] for r in b.steps])
-            for a, b in zip(results[num], results[den])
-        ]
+        ratios = [a.step_s / b.step_s for a, b in zip(results[num], results[den])]
         lines.append(
             f"- {num} / {den} step time: {_median(ratios):.2f}x (rounds: {', '.join(f'{x:.2f}' for x in ratios)})"
         )
@@ -605,7 +490,7 @@ def main() -> None:
                     result = run_rlflow(overrides, run_dir, args.warmup, log)
                 result.gemm = gemm
                 results[variant].append(result)
-                step = _median([r["timing_s/step"] for r in result.steps])
+                step = result.step_s
                 print(
                     f"  {name} round {round_} {variant}: {step:.3f} s/step ({result.wall_s:.0f} s wall; "
                     f"GEMM before it {gemm / 1e9:.0f} GFLOP/s)"
