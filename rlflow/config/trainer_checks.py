@@ -7,6 +7,7 @@ from omegaconf import DictConfig
 
 from rlflow.config.checks import at_least, choice, every_or_never, flag, optional_flag, positive, value_at
 from rlflow.config.global_sizes import role_world_size
+from rlflow.models.cpu_linear import CPU_LINEAR_KERNELS, onednn_linear_available
 from rlflow.utils.checkpoint_files import check_mirror_destination
 
 __all__ = ["DEVICES", "LOGGERS", "PROFILED_SECTIONS", "RESUME_MODES", "check_profiler", "check_trainer"]
@@ -37,6 +38,17 @@ def check_trainer(cfg: DictConfig) -> None:
             "trainer.overlap_updates=true runs the critic's and the actor's updates at the same time on "
             "shared CPU cores; with trainer.device=cuda the colocated roles of a bundle share one GPU. "
             "Set trainer.overlap_updates to null (on only where it helps) or false"
+        )
+    choice(cfg, "trainer.cpu_linear_kernel", CPU_LINEAR_KERNELS)
+    if value_at(cfg, "trainer.cpu_linear_kernel") == "onednn" and value_at(cfg, "trainer.device") == "cuda":
+        raise ValueError(
+            "trainer.cpu_linear_kernel=onednn is a CPU kernel; with trainer.device=cuda the roles compute on "
+            "the GPU. Set trainer.cpu_linear_kernel to auto or aten"
+        )
+    if value_at(cfg, "trainer.cpu_linear_kernel") == "onednn" and not onednn_linear_available():
+        raise ValueError(
+            "trainer.cpu_linear_kernel=onednn: this torch build has no working oneDNN linear op "
+            "(torch.ops.mkldnn._linear_pointwise); set trainer.cpu_linear_kernel to auto or aten"
         )
     choice(cfg, "trainer.resume_mode", RESUME_MODES)
     check_mirror_destination(

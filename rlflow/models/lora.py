@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlflow.models.cpu_linear import linear
+
 __all__ = [
     "LoRALinear",
     "LoRASpec",
@@ -84,9 +86,10 @@ class LoRALinear(nn.Linear):
     lora_A: nn.Parameter
     lora_B: nn.Parameter
     lora_scaling: torch.Tensor  # 0-dim fp32 buffer: alpha / rank, saved with the weights
+    onednn: bool = False  # the frozen base product through oneDNN (`rlflow.models.cpu_linear`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        base = F.linear(x, self.weight, self.bias)
+        base = linear(x, self.weight, self.bias, self.onednn)
         update = F.linear(F.linear(x, self.lora_A), self.lora_B)
         return base + update * self.lora_scaling.to(update.dtype)
 

@@ -20,6 +20,7 @@ from rlflow.config import needed_roles
 from rlflow.config.resource_checks import cpus_per_rank, ray_address
 from rlflow.config.schema import PPOTrainerConfig
 from rlflow.logging.tracking import run_log_dir
+from rlflow.models.cpu_linear import resolve_cpu_linear_kernel
 from rlflow.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from rlflow.single_controller.worker_group import as_completed, wait_all
 
@@ -132,10 +133,20 @@ def resource_pool(config: PPOTrainerConfig, roles: int) -> RayResourcePool:
 def build_worker_groups(config: PPOTrainerConfig, total_training_steps: int) -> WorkerGroups:
     """Create the resource pool and every needed role's group, then build all models (in parallel).
 
-    Every worker receives the typed config and the run's number of training steps.
+    Every worker receives the typed config and the run's number of training steps. On a local Ray,
+    ``trainer.cpu_linear_kernel: auto`` is resolved here first (`resolve_cpu_linear_kernel`, measured on this
+    machine, where the ranks run), so that every role computes with the same kernel; on a cluster joined by
+    address each rank resolves it where it runs.
     """
     from rlflow.workers import ActorRolloutWorker, CriticWorker, RefWorker, RewardModelWorker
 
+    if ray_address(config.ray_init.address) is None:
+        config.trainer.cpu_linear_kernel = resolve_cpu_linear_kernel(
+            str(config.trainer.cpu_linear_kernel),
+            _device(config),
+            rank_threads(config),
+            "trainer.cpu_linear_kernel",
+        )
     roles = needed_roles(config)
     pool = resource_pool(config, len(roles))
     timeout = float(config.trainer.worker_start_timeout_s)

@@ -12,6 +12,7 @@ from rlflow.config.schema import PPOTrainerConfig
 from rlflow.engine.batching import log_prob_spec
 from rlflow.engine.ppo_loop import split_micro_batches
 from rlflow.models.attention import set_packed_attention
+from rlflow.models.cpu_linear import install_onednn_linear, resolve_cpu_linear_kernel
 from rlflow.models.loader import load_reward_model, load_tokenizer
 from rlflow.parallel.distributed import current_device, init_distributed
 from rlflow.parallel.fsdp import mixed_precision_dtypes
@@ -72,6 +73,10 @@ class RewardModelWorker(Worker):
             set_packed_attention(self.module)
         self.offload = bool(model.fsdp_config.param_offload) and self.device.type != "cpu"
         self.module.to(device="cpu" if self.offload else self.device, dtype=dtype).eval()
+        key = "trainer.cpu_linear_kernel"
+        setting = self.config.trainer.cpu_linear_kernel
+        if resolve_cpu_linear_kernel(setting, self.device.type, torch.get_num_threads(), key) == "onednn":
+            install_onednn_linear(self.module)
         if model.input_tokenizer is not None:
             trust = bool(model.trust_remote_code)
             self.tokenizers = (

@@ -20,13 +20,14 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from rlflow.config.schema import FSDPConfig, PPOTrainerConfig
 from rlflow.models.attention import set_packed_attention
+from rlflow.models.cpu_linear import install_onednn_linear, resolve_cpu_linear_kernel
 from rlflow.models.fused_head import install_fused_head
 from rlflow.models.loader import load_causal_lm, load_model_config, load_value_model
 from rlflow.models.lora import LoRASpec, inject_lora
 from rlflow.models.peft_adapter import adapter_spec, apply_peft_adapter
 from rlflow.models.tiny import resolve_model_path
 from rlflow.parallel.dims import ParallelDims
-from rlflow.parallel.distributed import init_distributed
+from rlflow.parallel.distributed import current_device, init_distributed
 from rlflow.parallel.fsdp import build_sharded_model, find_decoder_layers
 from rlflow.protocol import DataProto
 from rlflow.utils.dtypes import to_torch_dtype
@@ -82,6 +83,7 @@ class RoleLayout:
             group's too); None keeps torch's default.
         lora: the LoRA adapters to add before sharding (the actor with ``model.lora_rank > 0``); None
             trains every weight.
+        cpu_linear_kernel: ``trainer.cpu_linear_kernel`` (`rlflow.models.cpu_linear`): auto | aten | onednn.
     """
 
     key_prefix: str
@@ -91,6 +93,7 @@ class RoleLayout:
     fsdp: FSDPConfig
     timeout_s: float | None = None
     lora: LoRASpec | None = None
+    cpu_linear_kernel: str = "aten"
 
 
 def lora_spec(model: Any) -> LoRASpec | None:
@@ -135,6 +138,7 @@ def actor_layout(config: PPOTrainerConfig) -> RoleLayout:
         actor.fsdp_config,
         float(arr.nccl_timeout),
         lora_spec(arr.model),
+        config.trainer.cpu_linear_kernel,
     )
 
 
@@ -160,6 +164,7 @@ def ref_layout(config: PPOTrainerConfig) -> RoleLayout:
         arr.ref.ulysses_sequence_parallel_size,
         fsdp,
         float(arr.nccl_timeout),
+        cpu_linear_kernel=config.trainer.cpu_linear_kernel,
     )
 
 
@@ -173,6 +178,7 @@ def critic_layout(config: PPOTrainerConfig) -> RoleLayout:
         critic.ulysses_sequence_parallel_size,
         critic.fsdp_config,
         float(critic.nccl_timeout),
+        cpu_linear_kernel=config.trainer.cpu_linear_kernel,
     )
 
 
@@ -244,7 +250,8 @@ def build_role_module(
     shards (no extra full copies). A value model built from a checkpoint without a value head gets a
     fresh head, seeded by ``seed``, with dropout off (``classifier_dropout=0``) so that packed and padded
     forwards agree in train mode. The weights are kept (and updated) in ``fsdp_config.model_dtype``;
-    ``mixed_precision.param_dtype`` is what the forward computes in.
+    ``mixed_precision.param_dtype`` is what the forward computes in. With ``layout.cpu_linear_kernel``
+    resolved to ``onednn`` the linear layers compute through oneDNN (`rlflow.models.cpu_linear`).
     """
     model_cfg = layout.model
     path = model_path(model_cfg)
@@ -252,6 +259,15 @@ def build_role_module(
     attn = model_cfg.attn_implementation
     overrides = dict(model_cfg.override_config)
     weight_dtype = to_torch_dtype(layout.fsdp.model_dtype, f"{layout.key_prefix}.fsdp_config.model_dtype")
+    onednn = (
+        resolve_cpu_linear_kernel(
+            layout.cpu_linear_kernel,
+            current_device().type,
+            torch.get_num_threads(),
+            "trainer.cpu_linear_kernel",
+        )
+        == "onednn"
+    )
 
     def load_fn(device: torch.device) -> torch.nn.Module:
         if device.type == "meta":
@@ -278,6 +294,8 @@ def build_role_module(
             set_packed_attention(model)
         if kind == "causal_lm" and getattr(model_cfg, "use_fused_kernels", False):
             install_fused_head(model)
+        if onednn:  # after LoRA and the fused head, which keep their own classes
+            install_onednn_linear(model)
         check_layer_classes(model, layout)
         return model
 

@@ -115,6 +115,7 @@ LAYOUTS["bf16"] = [
 ]
 LAYOUTS["unshared"] = ["actor_rollout_ref.model.use_shared_prompts=false"]
 LAYOUTS["sequential"] = ["trainer.overlap_updates=false"]
+LAYOUTS["aten"] = ["trainer.cpu_linear_kernel=aten"]
 LAYOUTS["bypass"] = [
     *LAYOUTS["fast"],
     "actor_rollout_ref.rollout.calculate_log_probs=true",
@@ -125,7 +126,9 @@ LAYOUTS["bypass"] = [
 before 2026-12-04). ``fast``: micro-batches as large as the batch. ``unshared``: no shared-prompt packing.
 ``sequential``: the critic's and the actor's updates one after the other (``trainer.overlap_updates=false``).
 ``bypass``: ``fast`` with the rollout's log-probs as the old policy's (no ``compute_log_prob`` pass).
-``bf16``: computing in bf16 (fp32 master weights, gradients reduced in fp32), verl's and TRL's default."""
+``bf16``: computing in bf16 (fp32 master weights, gradients reduced in fp32), verl's and TRL's default.
+``aten``: the linear layers through torch's ``F.linear`` (``trainer.cpu_linear_kernel=aten``), whatever
+``auto`` picks for the default."""
 
 PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update")
 """``timing_s/<phase>`` columns; ``update`` is the phase of the overlapped updates (``trainer.overlap_updates``),

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from rlflow.config import load_config
+from rlflow.models.cpu_linear import OneDNNLinear, onednn_linear_available
 from rlflow.single_controller.futures import DataProtoFuture, FutureSlice
 from rlflow.trainer.main_ppo import build_trainer, run_ppo
 
@@ -328,6 +329,49 @@ def test_overlapped_updates_train_as_the_sequential_ones(tmp_path):
         for role in ("update_critic", "update_actor"):  # each role's own time, inside the phase
             assert 0 < together[f"timing_s/{role}"] <= together["timing_s/update"] + 1e-6
         got, want = _comparable(together), _comparable(apart)
+        assert sorted(got) == sorted(want)
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, **_golden_tolerance(key, want)), key
+
+
+@pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN")
+def test_onednn_linear_layers_train_as_f_linear(tmp_path):
+    """``trainer.cpu_linear_kernel=onednn`` (every role's linear layers through oneDNN: actor, rollout's
+    fallback modules, reference, critic, reward model) gives the metrics of ``aten`` over two steps of the
+    default layout with a reward model, to the golden run's tolerances: another kernel's summation order,
+    the same math."""
+    from tests.tiny_reward_model import save_tiny_reward_model
+
+    def kernels(worker) -> set[str]:  # the classes computing the role's linear layers
+        return {type(m).__name__ for m in worker.module.modules() if isinstance(m, torch.nn.Linear)}
+
+    reward_model = save_tiny_reward_model(tmp_path / "rm")
+    runs, classes = {}, {}
+    for kernel in ("onednn", "aten"):
+        cfg = load_config(
+            _overrides(
+                tmp_path / kernel,
+                f"trainer.cpu_linear_kernel={kernel}",
+                "actor_rollout_ref.model.path=rlflow://tiny",
+                "critic.model.path=rlflow://tiny",
+                "reward_model.enable=true",
+                f"reward_model.model.path={reward_model}",
+                "algorithm.use_kl_in_reward=true",  # a reference role
+            ),
+            config_name="demo",
+        )
+        trainer = build_trainer(cfg)
+        try:
+            trainer.fit()
+            classes[kernel] = {g.name: set().union(*g.execute_fn(kernels)) for g in trainer.groups.all()}
+        finally:
+            trainer.shutdown()
+        runs[kernel] = trainer.history
+    assert len(classes["onednn"]) == 4  # actor, reference, critic, reward model
+    assert all(found == {OneDNNLinear.__name__} for found in classes["onednn"].values()), classes
+    assert all(found == {"Linear"} for found in classes["aten"].values()), classes
+    for fast, plain in zip(runs["onednn"], runs["aten"], strict=True):
+        got, want = _comparable(fast), _comparable(plain)
         assert sorted(got) == sorted(want)
         for key, value in want.items():
             assert got[key] == pytest.approx(value, **_golden_tolerance(key, want)), key
