@@ -151,4 +151,6 @@ def test_the_profiled_step_writes_the_selected_traces(runs):
     ]
     update = json.loads((root / "step_2" / "actor_rollout_rank0_update_actor.json").read_text())
     names = {e.get("name", "") for e in update["traceEvents"]}
-    assert any("mm" in n for n in names) and any("backward" in n.lower() for n in names)
+    # matrix products (aten's mm / addmm, or oneDNN's linear: trainer.cpu_linear_kernel) and a backward
+    products = ("mm", "_linear_pointwise")
+    assert any(p in n for n in names for p in products) and any("backward" in n.lower() for n in names)
