@@ -176,6 +176,8 @@ class SFTTrainerSection:
         resume_path: verl's older spelling of ``resume_from_path``.
         n_gpus_per_node: ranks per node (processes on CPU); under ``torchrun`` the launcher's world size
             must equal ``nnodes × n_gpus_per_node``.
+        cpu_linear_kernel: the PPO trainer's key (`rlflow.models.cpu_linear`): auto | aten | onednn; each
+            rank resolves ``auto`` where it runs.
     """
 
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
@@ -196,6 +198,7 @@ class SFTTrainerSection:
     nnodes: int = 1
     n_gpus_per_node: int = 1
     device: str = "auto"
+    cpu_linear_kernel: str = "auto"
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rlflow.config.checks import at_least, choice, every_or_never, flag, in_range, positive, value_at
-from rlflow.config.trainer_checks import DEVICES, RESUME_MODES
+from rlflow.config.trainer_checks import DEVICES, RESUME_MODES, check_cpu_linear_kernel
 from rlflow.data.sft_dataset import SFT_TRUNCATION_MODES
 from rlflow.data.tasks import TASKS
 from rlflow.utils.checkpoint_files import check_mirror_destination
@@ -119,6 +119,7 @@ def validate_sft_config(cfg: DictConfig | Any) -> None:
     every_or_never(cfg, "trainer.save_freq")
     every_or_never(cfg, "trainer.test_freq")
     choice(cfg, "trainer.device", DEVICES)
+    check_cpu_linear_kernel(cfg)
     check_mirror_destination(
         value_at(cfg, "trainer.default_hdfs_dir"), str(value_at(cfg, "trainer.default_local_dir"))
     )

@@ -10,7 +10,15 @@ from rlflow.config.global_sizes import role_world_size
 from rlflow.models.cpu_linear import CPU_LINEAR_KERNELS, onednn_linear_available
 from rlflow.utils.checkpoint_files import check_mirror_destination
 
-__all__ = ["DEVICES", "LOGGERS", "PROFILED_SECTIONS", "RESUME_MODES", "check_profiler", "check_trainer"]
+__all__ = [
+    "DEVICES",
+    "LOGGERS",
+    "PROFILED_SECTIONS",
+    "RESUME_MODES",
+    "check_cpu_linear_kernel",
+    "check_profiler",
+    "check_trainer",
+]
 
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 RESUME_MODES = ("auto", "disable", "resume_path")
@@ -39,17 +47,7 @@ def check_trainer(cfg: DictConfig) -> None:
             "shared CPU cores; with trainer.device=cuda the colocated roles of a bundle share one GPU. "
             "Set trainer.overlap_updates to null (on only where it helps) or false"
         )
-    choice(cfg, "trainer.cpu_linear_kernel", CPU_LINEAR_KERNELS)
-    if value_at(cfg, "trainer.cpu_linear_kernel") == "onednn" and value_at(cfg, "trainer.device") == "cuda":
-        raise ValueError(
-            "trainer.cpu_linear_kernel=onednn is a CPU kernel; with trainer.device=cuda the roles compute on "
-            "the GPU. Set trainer.cpu_linear_kernel to auto or aten"
-        )
-    if value_at(cfg, "trainer.cpu_linear_kernel") == "onednn" and not onednn_linear_available():
-        raise ValueError(
-            "trainer.cpu_linear_kernel=onednn: this torch build has no working oneDNN linear op "
-            "(torch.ops.mkldnn._linear_pointwise); set trainer.cpu_linear_kernel to auto or aten"
-        )
+    check_cpu_linear_kernel(cfg)
     choice(cfg, "trainer.resume_mode", RESUME_MODES)
     check_mirror_destination(
         value_at(cfg, "trainer.default_hdfs_dir"), str(value_at(cfg, "trainer.default_local_dir"))
@@ -71,6 +69,24 @@ def check_trainer(cfg: DictConfig) -> None:
     check_profiler(cfg)
     at_least(cfg, "ray_init.num_cpus", 1, allow_none=True)
     at_least(cfg, "ray_init.object_store_memory", 1, allow_none=True)
+
+
+def check_cpu_linear_kernel(cfg: DictConfig) -> None:
+    """``trainer.cpu_linear_kernel`` (`rlflow.models.cpu_linear`, the PPO and SFT trainers' key): one of
+    `CPU_LINEAR_KERNELS`; ``onednn`` needs the CPU and this torch build's oneDNN."""
+    kernel = choice(cfg, "trainer.cpu_linear_kernel", CPU_LINEAR_KERNELS)
+    if kernel != "onednn":
+        return
+    if value_at(cfg, "trainer.device") == "cuda":
+        raise ValueError(
+            "trainer.cpu_linear_kernel=onednn is a CPU kernel; with trainer.device=cuda the roles compute on "
+            "the GPU. Set trainer.cpu_linear_kernel to auto or aten"
+        )
+    if not onednn_linear_available():
+        raise ValueError(
+            "trainer.cpu_linear_kernel=onednn: this torch build has no working oneDNN linear op "
+            "(torch.ops.mkldnn._linear_pointwise); set trainer.cpu_linear_kernel to auto or aten"
+        )
 
 
 PROFILED_SECTIONS = (

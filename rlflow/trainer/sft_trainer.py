@@ -49,7 +49,7 @@ from rlflow.trainer.checkpointing import read_latest_pointer, saved_steps, write
 from rlflow.utils.checkpoint_files import CheckpointMirror
 from rlflow.workers.role_setup import RoleLayout, build_role_module, model_path, setup_role_parallel
 
-__all__ = ["HF_DIR", "FSDPSFTTrainer", "latest_sft_checkpoint"]
+__all__ = ["HF_DIR", "FSDPSFTTrainer", "latest_sft_checkpoint", "sft_layout"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,8 @@ def latest_sft_checkpoint(root: str | os.PathLike) -> str | None:
     )
 
 
-def _layout(config: SFTConfig) -> RoleLayout:
+def sft_layout(config: SFTConfig) -> RoleLayout:
+    """The SFT model's `RoleLayout` (the PPO roles' sharding path, `build_role_module`)."""
     m, f = config.model, config.model.fsdp_config
     offload = bool(f.cpu_offload or f.offload_params)
     model = ModelConfig(
@@ -81,7 +82,10 @@ def _layout(config: SFTConfig) -> RoleLayout:
         reshard_after_forward=f.reshard_after_forward,
         mixed_precision=f.mixed_precision,
     )
-    return RoleLayout("model", model, m.strategy, int(config.ulysses_sequence_parallel_size), fsdp)
+    sp = int(config.ulysses_sequence_parallel_size)
+    return RoleLayout(
+        "model", model, m.strategy, sp, fsdp, cpu_linear_kernel=config.trainer.cpu_linear_kernel
+    )
 
 
 def _optim(config: SFTConfig) -> OptimConfig:
@@ -111,7 +115,7 @@ class FSDPSFTTrainer:
         torch.manual_seed(int(config.trainer.seed))
         if config.model.external_lib:
             importlib.import_module(config.model.external_lib)
-        self.layout = _layout(config)
+        self.layout = sft_layout(config)
         self.device = current_device()
         path = model_path(self.layout.model)
         from transformers import AutoConfig

@@ -14,7 +14,9 @@ import pytest
 import torch
 from torch import nn
 
-from rlflow.config import load_config, validate_config
+from rlflow.config import load_config, to_typed, validate_config
+from rlflow.config.loading import load_sft_config, to_typed_sft
+from rlflow.config.sft_validate import validate_sft_config
 from rlflow.logging.flops import measure_peak_flops
 from rlflow.models.cpu_linear import (
     AUTO_MIN_SPEEDUP,
@@ -27,6 +29,8 @@ from rlflow.models.cpu_linear import (
 )
 from rlflow.models.lora import LoRALinear, LoRASpec, inject_lora
 from rlflow.models.tiny import TinyModelConfig, build_tiny_model
+from rlflow.trainer.sft_trainer import sft_layout
+from rlflow.workers.role_setup import actor_layout, critic_layout, ref_layout
 
 needs_onednn = pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN")
 KEY = "trainer.cpu_linear_kernel"
@@ -155,3 +159,12 @@ def test_the_config_checks_name_the_key():
         validate_config(
             load_config(["trainer.cpu_linear_kernel=onednn", "trainer.device=cuda"], config_name="demo")
         )
+    with pytest.raises(ValueError, match=r"trainer\.cpu_linear_kernel='fast' is not one of"):
+        validate_sft_config(load_sft_config(["trainer.cpu_linear_kernel=fast"]))
+
+
+def test_every_role_layout_carries_the_setting():
+    ppo = to_typed(load_config(["trainer.cpu_linear_kernel=onednn"], config_name="demo"))
+    assert {f(ppo).cpu_linear_kernel for f in (actor_layout, ref_layout, critic_layout)} == {"onednn"}
+    sft = to_typed_sft(load_sft_config(["trainer.cpu_linear_kernel=aten"]))
+    assert sft_layout(sft).cpu_linear_kernel == "aten"
