@@ -84,8 +84,10 @@ class _OneDNNLinearFunction(torch.autograd.Function):
         ctx.save_for_backward(rows, weight)
         ctx.input_shape = x.shape
         ctx.has_bias = bias is not None
-        out = _onednn_op(rows, weight, bias)
-        return out.reshape(*x.shape[:-1], weight.shape[0])
+        out = _onednn_op(rows, weight, bias)  # a fresh (rows, out) tensor
+        # its own storage in the input's leading shape, not a view: FSDP2 warns about modules returning
+        # views (an in-place op on one would skip its pre-backward hook)
+        return out.resize_(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     @once_differentiable
@@ -94,7 +96,7 @@ class _OneDNNLinearFunction(torch.autograd.Function):
         grad = grad_out.reshape(-1, grad_out.shape[-1]).contiguous()  # (rows, out)
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:  # dy W: oneDNN's x W'^T with W' = W^T (in, out)
-            grad_x = _onednn_op(grad, weight.t().contiguous(), None).reshape(ctx.input_shape)
+            grad_x = _onednn_op(grad, weight.t().contiguous(), None).resize_(ctx.input_shape)
         if ctx.needs_input_grad[1]:  # dy^T x: oneDNN's A B^T with A = dy^T (out, rows), B = x^T (in, rows)
             grad_w = _onednn_op(grad.t().contiguous(), rows.t().contiguous(), None)
         if ctx.has_bias and ctx.needs_input_grad[2]:

@@ -58,6 +58,7 @@ def test_forward_and_gradients_match_an_fp64_reference(with_bias):
     leaves = [t.clone().requires_grad_() for t in (x, weight, *([bias] if with_bias else []))]
     out = linear(leaves[0], leaves[1], leaves[2] if with_bias else None)
     assert _through_onednn(out) and out.shape == (4, 64, 128)
+    assert not out._is_view()  # FSDP2 warns when a module returns a view
     (out * upstream).sum().backward()
 
     ref = [t.double().requires_grad_() for t in (x, weight, *([bias] if with_bias else []))]
