@@ -32,11 +32,12 @@ class TrainerConfig:
             and ``timing_s/update_critic`` / ``update_actor`` each role's time from its start.
         cpu_linear_kernel: what computes the fp32 linear layers of the CPU roles (forward and backward):
             ``aten`` is torch's ``F.linear`` (MKL's GEMM on x86), ``onednn`` oneDNN's kernel from the same
-            torch build (`rlflow.models.cpu_linear`: exact fp32, the summation order of another kernel),
-            ``auto`` oneDNN where the driver measures it at least 1.25x faster than ``torch.matmul`` at a
-            rank's threads (2.1-2.3x on an AMD EPYC Zen 5, where a 13M PPO step took 4.5 s with MKL and
-            3.0 s with oneDNN; within 10 % on a Zen 4; MKL is tuned for Intel's CPUs), else aten. A run
-            on the GPU computes on CUDA and refuses ``onednn``. The choice is logged at INFO.
+            torch build (`rlflow.models.cpu_linear`: exact fp32 in another summation order), ``auto``
+            oneDNN where it measures at least 1.25x ``torch.matmul``'s rate at a rank's threads, else aten
+            (measured by the driver on a local Ray, by each rank on a cluster joined by address; logged at
+            INFO). On a 2-core AMD EPYC (Zen 5) oneDNN ran 2.1-2.3x faster and a 13M PPO step took 3.0 s
+            instead of 4.4; on another EPYC the two were within 10 %; MKL is tuned for Intel's CPUs. A run
+            on the GPU computes on CUDA and refuses ``onednn``. The demo pins ``aten`` (its README curve).
         worker_start_timeout_s: bound on starting every role's actors and building their models; a
             heartbeat line names what is still pending every 30 s, then an error names the role.
         resume_mode: auto | disable | resume_path (then ``resume_from_path`` is the checkpoint dir).

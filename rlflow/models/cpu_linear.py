@@ -2,8 +2,8 @@
 
 torch computes ``F.linear`` in fp32 on x86 CPUs with MKL's GEMM. On some CPUs oneDNN's kernel (shipped in
 the same torch build) is much faster: on a 2-core AMD EPYC (Zen 5) MKL multiplies at about 210 GFLOP/s and
-oneDNN at 420-500, on every shape of a 13M Qwen2's forward and backward; on a Zen 4 EPYC the two were
-within 10 %; MKL is tuned for Intel's CPUs. `resolve_cpu_linear_kernel` measures both where the run starts
+oneDNN at 420-500, on every shape of a 13M Qwen2's forward and backward; on another EPYC (AVX-512, 32 MB
+L3) the two were within 10 %; MKL is tuned for Intel's CPUs. `resolve_cpu_linear_kernel` measures both where the run starts
 and picks oneDNN only where it is clearly faster.
 
 `linear` is ``F.linear`` with the forward and both backward products through
@@ -47,7 +47,7 @@ MACs: 41 us against F.linear's 47; 64 rows x (128, 128), 1M MACs: 27 against 20;
 
 AUTO_MIN_SPEEDUP = 1.25
 """``auto`` picks oneDNN when its measured fp32 rate is at least this multiple of ``torch.matmul``'s (2.1-2.3x
-on the Zen 5 EPYC, 1.08-1.14x on the Zen 4 one, where MKL stays)."""
+on the Zen 5 EPYC; 1.08-1.14x on the other one, where MKL stays)."""
 
 
 def _onednn_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -27,7 +27,8 @@ Benches (the step geometry of docs/benchmarks.md, one optimizer step per rollout
 * ``grpo-1m``: GRPO, 16 prompts x 4 responses, 32 response tokens, no reference.
 
 Layouts (`LAYOUTS`, each described there): ``default`` (the shipped demo layout: one rank per role with every
-core, token-budget micro-batches) and variants of it, alternated A B C, C B A, ... for ``--rounds`` rounds.
+core, token-budget micro-batches; with the library's ``trainer.cpu_linear_kernel: auto``, where the demo pins
+``aten``) and variants of it, alternated A B C, C B A, ... for ``--rounds`` rounds.
 ``--vs-trl`` adds TRL's ``GRPOTrainer`` with the same model, prompts, reward and geometry, and ``PPOTrainer`` (policy, reference, value model from the policy's
 weights with a fresh head, the bench's reward model) for the PPO benches from the TRL release at
 ``--trl-ppo-path`` (TRL 1.x removed ``PPOTrainer``; 0.29.1 has it as ``trl.experimental.ppo``), each in its
@@ -121,7 +122,8 @@ LAYOUTS["bypass"] = [
     "actor_rollout_ref.rollout.calculate_log_probs=true",
     "algorithm.rollout_correction.bypass_mode=true",
 ]
-"""``default``: the shipped demo layout (one rank per role with every core: ``cpus_per_worker: null``).
+"""``default``: the shipped demo layout (one rank per role with every core: ``cpus_per_worker: null``), with
+``trainer.cpu_linear_kernel: auto``.
 ``2rank``: two single-thread ranks per role. ``2rank-fixed``: also fixed micro-batches (the demo's layout
 before 2026-12-04). ``fast``: micro-batches as large as the batch. ``unshared``: no shared-prompt packing.
 ``sequential``: the critic's and the actor's updates one after the other (``trainer.overlap_updates=false``).
@@ -172,6 +174,7 @@ def bench_overrides(bench: Bench, policy: Path, reward: Path, steps: int, run_di
     batch = bench.prompts
     out = [
         "--config-name=demo",  # the demo's layout and optimizer; the geometry follows
+        "trainer.cpu_linear_kernel=auto",  # the library's default (the demo pins aten for its curve)
         "data.task=arithmetic",
         f"data.max_prompt_length={PROMPT_LENGTH}",
         f"data.max_response_length={bench.response_length}",
