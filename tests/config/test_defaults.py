@@ -71,6 +71,7 @@ DEMO_VALUES = {
     "trainer.total_epochs": 1000,
     "trainer.total_training_steps": 100,
     "trainer.test_freq": 10,
+    "trainer.cpu_linear_kernel": "aten",
 }
 
 
