@@ -3,8 +3,8 @@
 torch computes ``F.linear`` in fp32 on x86 CPUs with MKL's GEMM. On some CPUs oneDNN's kernel (shipped in
 the same torch build) is much faster: on a 2-core AMD EPYC (Zen 5) MKL multiplies at about 210 GFLOP/s and
 oneDNN at 420-500, on every shape of a 13M Qwen2's forward and backward; on another EPYC (AVX-512, 32 MB
-L3) the two were within 10 %; MKL is tuned for Intel's CPUs. `resolve_cpu_linear_kernel` measures both where the run starts
-and picks oneDNN only where it is clearly faster.
+L3) the two were within 10 %; MKL is tuned for Intel's CPUs. `resolve_cpu_linear_kernel` measures both
+where the run starts and picks oneDNN only where it is clearly faster.
 
 `linear` is ``F.linear`` with the forward and both backward products through
 ``torch.ops.mkldnn._linear_pointwise`` (exact fp32, no reduced-precision math), for fp32 CPU tensors and
