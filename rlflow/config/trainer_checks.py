@@ -7,8 +7,9 @@ from omegaconf import DictConfig
 
 from rlflow.config.checks import at_least, choice, every_or_never, flag, optional_flag, positive, value_at
 from rlflow.config.global_sizes import role_world_size
-from rlflow.models.cpu_linear import CPU_LINEAR_KERNELS, onednn_linear_available
+from rlflow.models.cpu_linear import CPU_LINEAR_KERNELS
 from rlflow.utils.checkpoint_files import check_mirror_destination
+from rlflow.utils.onednn import onednn_linear_available
 
 __all__ = [
     "DEVICES",

@@ -39,6 +39,8 @@ from typing import Any
 
 import torch
 
+from rlflow.utils.onednn import onednn_linear, onednn_linear_available
+
 __all__ = [
     "FlopsCounter",
     "TransformerShape",
@@ -219,10 +221,7 @@ def _product(kernel: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor
     if kernel == "matmul":
         return torch.matmul
     if kernel == "onednn":
-        ops = getattr(torch.ops, "mkldnn", None)
-        if not torch.backends.mkldnn.is_available() or not hasattr(ops, "_linear_pointwise"):
-            return None
-        return lambda a, b: ops._linear_pointwise(a, b, None, "none", [], "")
+        return onednn_linear if onednn_linear_available() else None
     raise ValueError(f"measure_peak_flops: kernel={kernel!r} is not 'matmul' or 'onednn'")
 
 

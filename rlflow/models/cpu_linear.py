@@ -14,7 +14,6 @@ products large enough for oneDNN's per-call cost to pay (`MIN_MACS`); anything e
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
@@ -23,13 +22,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from rlflow.utils.onednn import onednn_linear, onednn_linear_available
+
 __all__ = [
     "CPU_LINEAR_KERNELS",
     "MIN_MACS",
     "OneDNNLinear",
     "install_onednn_linear",
     "linear",
-    "onednn_linear_available",
     "resolve_cpu_linear_kernel",
 ]
 
@@ -50,28 +50,6 @@ AUTO_MIN_SPEEDUP = 1.25
 on the Zen 5 EPYC; 1.08-1.14x on the other one, where MKL stays)."""
 
 
-def _onednn_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x @ weight.T + bias`` by oneDNN: x (rows, in), weight (out, in), bias (out,) -> (rows, out)."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-
-@functools.cache
-def onednn_linear_available() -> bool:
-    """True when this torch build has oneDNN's linear op and it gives ``F.linear``'s result on a probe."""
-    if not torch.backends.mkldnn.is_available() or not hasattr(
-        getattr(torch.ops, "mkldnn", None), "_linear_pointwise"
-    ):
-        return False
-    probe = torch.Generator().manual_seed(0)
-    weight, x = torch.randn(24, 40, generator=probe), torch.randn(3, 40, generator=probe)
-    bias = torch.randn(24, generator=probe)
-    try:
-        out = _onednn_op(x, weight, bias)
-    except (RuntimeError, NotImplementedError):
-        return False
-    return bool(torch.allclose(out, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5))
-
-
 class _OneDNNLinearFunction(torch.autograd.Function):
     """``F.linear`` whose three products (``y = x W^T``, ``dx = dy W``, ``dW = dy^T x``) run in oneDNN.
 
@@ -84,7 +62,7 @@ class _OneDNNLinearFunction(torch.autograd.Function):
         ctx.save_for_backward(rows, weight)
         ctx.input_shape = x.shape
         ctx.has_bias = bias is not None
-        out = _onednn_op(rows, weight, bias)  # a fresh (rows, out) tensor
+        out = onednn_linear(rows, weight, bias)  # a fresh (rows, out) tensor
         # its own storage in the input's leading shape, not a view: FSDP2 warns about modules returning
         # views (an in-place op on one would skip its pre-backward hook)
         return out.resize_(*x.shape[:-1], weight.shape[0])
@@ -96,9 +74,9 @@ class _OneDNNLinearFunction(torch.autograd.Function):
         grad = grad_out.reshape(-1, grad_out.shape[-1]).contiguous()  # (rows, out)
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:  # dy W: oneDNN's x W'^T with W' = W^T (in, out)
-            grad_x = _onednn_op(grad, weight.t().contiguous(), None).resize_(ctx.input_shape)
+            grad_x = onednn_linear(grad, weight.t().contiguous(), None).resize_(ctx.input_shape)
         if ctx.needs_input_grad[1]:  # dy^T x: oneDNN's A B^T with A = dy^T (out, rows), B = x^T (in, rows)
-            grad_w = _onednn_op(grad.t().contiguous(), rows.t().contiguous(), None)
+            grad_w = onednn_linear(grad.t().contiguous(), rows.t().contiguous(), None)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad.sum(0)
         return grad_x, grad_w, grad_b
@@ -157,7 +135,9 @@ def install_onednn_linear(model: nn.Module) -> int:
     return count
 
 
-def resolve_cpu_linear_kernel(setting: str, device_type: str, threads: int, key: str) -> str:
+def resolve_cpu_linear_kernel(
+    setting: str, device_type: str, threads: int, key: str = "trainer.cpu_linear_kernel"
+) -> str:
     """``trainer.cpu_linear_kernel`` resolved for a run: ``aten`` or ``onednn``.
 
     ``aten`` and ``onednn`` are kept (``onednn`` needs this torch build's oneDNN; it is a CPU kernel, so a run
@@ -169,7 +149,7 @@ def resolve_cpu_linear_kernel(setting: str, device_type: str, threads: int, key:
         setting: auto | aten | onednn.
         device_type: where the roles compute (``cpu`` or ``cuda``).
         threads: the intra-op threads a rank computes with.
-        key: the config key, for errors.
+        key: the config key, for errors (the SFT and PPO trainers share it).
     """
     if setting not in CPU_LINEAR_KERNELS:
         raise ValueError(f"{key}={setting!r}: choose one of {list(CPU_LINEAR_KERNELS)}")

@@ -28,7 +28,6 @@ equal transformers' to float rounding (``tests/rollout/test_fast_decode.py``).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlflow.rollout.kv_cache import PreallocatedCache, supports_preallocated_cache
+from rlflow.utils.onednn import onednn_linear, onednn_linear_available, reorder_linear_weight
 
 __all__ = ["FastDecoder", "Projection", "fast_decoder_for", "packed_projections_available"]
 
@@ -97,22 +97,10 @@ oneDNN's per-call cost exceeds what its kernel saves (16 rows: (128, 128) 7.8 us
 17.7 us packed; (384, 384) 35 and 37 us; (768, 384) 67 and 60 us; (3072, 384) 255 and 188 us)."""
 
 
-@functools.cache
 def packed_projections_available() -> bool:
-    """True when this torch build multiplies by oneDNN-reordered weights on the CPU (`Projection`): its
-    ``mkldnn`` ops exist and give ``F.linear``'s result on a probe (to float rounding)."""
-    ops = getattr(torch.ops, "mkldnn", None)
-    if not torch.backends.mkldnn.is_available() or ops is None:
-        return False
-    try:
-        probe = torch.Generator().manual_seed(0)
-        weight, x = torch.randn(24, 40, generator=probe), torch.randn(3, 40, generator=probe)
-        bias = torch.randn(24, generator=probe)
-        packed = ops._reorder_linear_weight(weight, None)
-        out = ops._linear_pointwise(x, packed, bias, "none", [], "")
-    except (AttributeError, RuntimeError, NotImplementedError):
-        return False
-    return bool(torch.allclose(out, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5))
+    """True when this torch build multiplies by oneDNN-reordered weights on the CPU (`Projection`), as a
+    probe checks (`rlflow.utils.onednn.onednn_linear_available`)."""
+    return onednn_linear_available(packed=True)
 
 
 class Projection:
@@ -145,13 +133,13 @@ class Projection:
             and packed_projections_available()
         )
         weight, bias = weight.detach(), None if bias is None else bias.detach()
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None) if self.packed else weight
+        self.weight = reorder_linear_weight(weight) if self.packed else weight
         self.bias = bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """(rows, in) -> (rows, out)."""
         if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")
+            return onednn_linear(x.contiguous(), self.weight, self.bias)
         return _linear(x, self.weight, self.bias)
 
 

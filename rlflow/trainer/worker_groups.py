@@ -142,10 +142,7 @@ def build_worker_groups(config: PPOTrainerConfig, total_training_steps: int) -> 
 
     if ray_address(config.ray_init.address) is None:
         config.trainer.cpu_linear_kernel = resolve_cpu_linear_kernel(
-            str(config.trainer.cpu_linear_kernel),
-            _device(config),
-            rank_threads(config),
-            "trainer.cpu_linear_kernel",
+            str(config.trainer.cpu_linear_kernel), _device(config), rank_threads(config)
         )
     roles = needed_roles(config)
     pool = resource_pool(config, len(roles))

@@ -73,9 +73,8 @@ class RewardModelWorker(Worker):
             set_packed_attention(self.module)
         self.offload = bool(model.fsdp_config.param_offload) and self.device.type != "cpu"
         self.module.to(device="cpu" if self.offload else self.device, dtype=dtype).eval()
-        key = "trainer.cpu_linear_kernel"
         setting = self.config.trainer.cpu_linear_kernel
-        if resolve_cpu_linear_kernel(setting, self.device.type, torch.get_num_threads(), key) == "onednn":
+        if resolve_cpu_linear_kernel(setting, self.device.type, torch.get_num_threads()) == "onednn":
             install_onednn_linear(self.module)
         if model.input_tokenizer is not None:
             trust = bool(model.trust_remote_code)

@@ -260,12 +260,7 @@ def build_role_module(
     overrides = dict(model_cfg.override_config)
     weight_dtype = to_torch_dtype(layout.fsdp.model_dtype, f"{layout.key_prefix}.fsdp_config.model_dtype")
     onednn = (
-        resolve_cpu_linear_kernel(
-            layout.cpu_linear_kernel,
-            current_device().type,
-            torch.get_num_threads(),
-            "trainer.cpu_linear_kernel",
-        )
+        resolve_cpu_linear_kernel(layout.cpu_linear_kernel, current_device().type, torch.get_num_threads())
         == "onednn"
     )
 

@@ -24,12 +24,12 @@ from rlflow.models.cpu_linear import (
     OneDNNLinear,
     install_onednn_linear,
     linear,
-    onednn_linear_available,
     resolve_cpu_linear_kernel,
 )
 from rlflow.models.lora import LoRALinear, LoRASpec, inject_lora
 from rlflow.models.tiny import TinyModelConfig, build_tiny_model
 from rlflow.trainer.sft_trainer import sft_layout
+from rlflow.utils.onednn import onednn_linear_available
 from rlflow.workers.role_setup import actor_layout, critic_layout, ref_layout
 
 needs_onednn = pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN")

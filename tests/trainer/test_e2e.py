@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from rlflow.config import load_config
-from rlflow.models.cpu_linear import OneDNNLinear, onednn_linear_available
+from rlflow.models.cpu_linear import OneDNNLinear
 from rlflow.single_controller.futures import DataProtoFuture, FutureSlice
 from rlflow.trainer.main_ppo import build_trainer, run_ppo
+from rlflow.utils.onednn import onednn_linear_available
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 
