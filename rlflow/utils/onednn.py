@@ -10,13 +10,41 @@ import functools
 import torch
 import torch.nn.functional as F
 
-__all__ = ["onednn_linear", "onednn_linear_available", "reorder_linear_weight"]
+__all__ = [
+    "onednn_linear",
+    "onednn_linear_available",
+    "onednn_linear_weight_grad",
+    "onednn_weight_grad_available",
+    "reorder_linear_weight",
+]
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T + bias`` by oneDNN: x (rows, in) contiguous, weight (out, in) or reordered by
     `reorder_linear_weight`, bias (out,) or None -> (rows, out)."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def onednn_linear_weight_grad(
+    grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weight (and bias) gradient of ``x @ weight.T + bias`` by oneDNN's inner-product backward:
+    ``grad_out.T @ x`` and ``grad_out.sum(0)``, without the transposed copies of ``grad_out`` and ``x`` a
+    product through `onednn_linear` would need.
+
+    Args:
+        grad_out: (rows, out) contiguous fp32.
+        x: (rows, in) contiguous fp32.
+        weight: (out, in), for its shape and dtype.
+        bias: also return the bias gradient.
+
+    Returns:
+        ``(grad_weight (out, in), grad_bias (out,) or None)``, dense tensors.
+    """
+    grad_w, grad_b = torch.ops.aten.mkldnn_linear_backward_weights(
+        grad_out.to_mkldnn(), x.to_mkldnn(), weight, bias
+    )
+    return grad_w, grad_b if bias else None
 
 
 def reorder_linear_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -38,3 +66,23 @@ def onednn_linear_available(packed: bool = False) -> bool:
     except (AttributeError, RuntimeError, NotImplementedError):
         return False
     return bool(torch.allclose(out, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5))
+
+
+@functools.cache
+def onednn_weight_grad_available() -> bool:
+    """True when `onednn_linear_weight_grad` runs in this torch build and gives ``grad_out.T @ x`` and
+    ``grad_out.sum(0)`` on a probe (to float rounding)."""
+    if not onednn_linear_available():
+        return False
+    probe = torch.Generator().manual_seed(0)
+    grad, x = torch.randn(30, 24, generator=probe), torch.randn(30, 40, generator=probe)
+    try:
+        grad_w, grad_b = onednn_linear_weight_grad(grad, x, torch.empty(24, 40), True)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+    return (
+        grad_w.layout == torch.strided
+        and grad_b is not None
+        and bool(torch.allclose(grad_w, grad.t() @ x, rtol=1e-5, atol=1e-5))
+        and bool(torch.allclose(grad_b, grad.sum(0), rtol=1e-5, atol=1e-5))
+    )

@@ -18,6 +18,7 @@ from rlflow.config import load_config, to_typed, validate_config
 from rlflow.config.loading import load_sft_config, to_typed_sft
 from rlflow.config.sft_validate import validate_sft_config
 from rlflow.logging.flops import measure_peak_flops
+from rlflow.models import cpu_linear
 from rlflow.models.cpu_linear import (
     AUTO_MIN_SPEEDUP,
     MIN_MACS,
@@ -29,7 +30,7 @@ from rlflow.models.cpu_linear import (
 from rlflow.models.lora import LoRALinear, LoRASpec, inject_lora
 from rlflow.models.tiny import TinyModelConfig, build_tiny_model
 from rlflow.trainer.sft_trainer import sft_layout
-from rlflow.utils.onednn import onednn_linear_available
+from rlflow.utils.onednn import onednn_linear_available, onednn_weight_grad_available
 from rlflow.workers.role_setup import actor_layout, critic_layout, ref_layout
 
 needs_onednn = pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN")
@@ -47,8 +48,15 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 @needs_onednn
+@pytest.mark.parametrize("weight_grad_op", [True, False], ids=["inner_product_backward", "transposed_copies"])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_forward_and_gradients_match_an_fp64_reference(with_bias):
+def test_forward_and_gradients_match_an_fp64_reference(with_bias, weight_grad_op, monkeypatch):
+    """Both ways of computing the weight gradient: oneDNN's inner-product backward where this torch build
+    has it (`onednn_weight_grad_available`), else ``_linear_pointwise`` on transposed copies."""
+    if weight_grad_op:
+        assert onednn_weight_grad_available()  # this build has the op: the path the runs here take
+    else:
+        monkeypatch.setattr(cpu_linear, "onednn_weight_grad_available", lambda: False)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(4, 64, 96, generator=gen)  # 256 rows x 96 x 128 = 3.1M multiply-adds
     weight = torch.randn(128, 96, generator=gen)
@@ -67,6 +75,21 @@ def test_forward_and_gradients_match_an_fp64_reference(with_bias):
     _close(out.detach(), want.detach())
     for got, expected in zip(leaves, ref):
         _close(got.grad, expected.grad)
+
+
+@needs_onednn
+def test_without_autograd_the_product_runs_alone_through_onednn():
+    """Under ``no_grad`` (the rollout's prefill, the reference's and the reward model's forwards) `linear`
+    calls oneDNN's kernel without an autograd node, with the autograd path's output to the bit."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gen = torch.Generator().manual_seed(0)
+    x, weight, bias = torch.randn(2, 50, 96, generator=gen), torch.randn(640, 96, generator=gen), None
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = linear(x, weight, bias)
+    assert out.grad_fn is None and out.shape == (2, 50, 640) and not out._is_view()
+    assert "mkldnn::_linear_pointwise" in {e.key for e in prof.key_averages()}
+    assert torch.equal(out, linear(x, weight.clone().requires_grad_(), bias).detach())
 
 
 @needs_onednn
