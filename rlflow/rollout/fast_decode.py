@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlflow.models.cpu_linear import OneDNNLinear
 from rlflow.rollout.kv_cache import PreallocatedCache, supports_preallocated_cache
 from rlflow.utils.onednn import onednn_linear, onednn_linear_available, reorder_linear_weight
 
@@ -41,6 +42,7 @@ __all__ = ["FastDecoder", "Projection", "fast_decoder_for", "packed_projections_
 
 _CLASSES = ("Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM")
 _NORMS = ("Qwen2RMSNorm", "LlamaRMSNorm", "MistralRMSNorm", "Qwen3RMSNorm")
+_LINEARS = (nn.Linear, OneDNNLinear)  # projections whose forward is ``F.linear`` (the step reads the weights)
 
 
 def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
@@ -201,14 +203,14 @@ def fast_decoder_for(model: nn.Module) -> FastDecoder | None:
         ):
             return None
         if any(
-            type(getattr(attn, p, None)) is not nn.Linear for p in ("q_proj", "k_proj", "v_proj", "o_proj")
+            type(getattr(attn, p, None)) not in _LINEARS for p in ("q_proj", "k_proj", "v_proj", "o_proj")
         ):
             return None
         if any(
-            type(getattr(layer.mlp, p, None)) is not nn.Linear for p in ("gate_proj", "up_proj", "down_proj")
+            type(getattr(layer.mlp, p, None)) not in _LINEARS for p in ("gate_proj", "up_proj", "down_proj")
         ):
             return None
-    if type(inner.norm).__name__ not in _NORMS or type(model.lm_head) is not nn.Linear:
+    if type(inner.norm).__name__ not in _NORMS or type(model.lm_head) not in _LINEARS:
         return None
     return FastDecoder(model)
 

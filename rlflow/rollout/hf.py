@@ -44,6 +44,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.tensor import DTensor
 
 from rlflow.models.attention import GENERATION_ATTENTION
+from rlflow.models.cpu_linear import install_onednn_linear, uses_onednn_linear
 from rlflow.models.lora import LoRALinear, merge_lora_weights
 from rlflow.parallel.distributed import get_rank
 from rlflow.parallel.weight_buckets import MIB
@@ -254,7 +255,9 @@ def build_generation_replica(
     """An unsharded, uninitialised copy of a sharded HF model's architecture, for generation.
 
     Built on ``meta`` from ``module.config`` and materialised with ``to_empty`` (no init cost); tied
-    weights are re-tied. Fill it with `sync_replica_weights`.
+    weights are re-tied. Its linear layers compute with the training module's CPU kernel (oneDNN where
+    `rlflow.models.cpu_linear.install_onednn_linear` routed ``module``'s). Fill it with
+    `sync_replica_weights`.
 
     Args:
         module: FSDP1 wrapper or FSDP2 module around an HF ``PreTrainedModel``.
@@ -289,6 +292,8 @@ def build_generation_replica(
     replica.to(dtype=dtype)
     replica.to_empty(device=device)
     replica.tie_weights()
+    if uses_onednn_linear(inner):
+        install_onednn_linear(replica)  # the prefill's products: oneDNN's kernel, as in training
     return replica.eval()
 
 

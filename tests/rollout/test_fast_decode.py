@@ -177,3 +177,49 @@ def test_packed_bf16_projection_matches_f_linear_to_bf16_rounding():
     )
     # outputs of scale ~7 rounded to bf16 (8 bits of mantissa): within 2 ** -8 relative, plus the sum's rounding
     torch.testing.assert_close(out.double(), expected, rtol=2**-7, atol=0.1)
+
+
+def test_onednn_linear_models_decode_fast_and_agree_with_aten():
+    """A model whose linear layers compute through oneDNN (``trainer.cpu_linear_kernel=onednn``) keeps the
+    fast decoding steps, and its generation replica computes like it (the prefill's products through
+    oneDNN): the same tokens as the ``F.linear`` model, log-probs to float rounding."""
+    import copy
+
+    import transformers
+
+    from rlflow.models.cpu_linear import OneDNNLinear, install_onednn_linear
+    from rlflow.rollout.hf import build_generation_replica
+    from rlflow.utils.onednn import onednn_linear_available
+
+    if not onednn_linear_available():
+        pytest.skip("this torch build has no oneDNN")
+    # wide enough that the prefill's products (36 rows x 256 x 1024) pass cpu_linear.MIN_MACS
+    config = transformers.Qwen2Config(**{**COMMON, "hidden_size": 256, "intermediate_size": 1024})
+    torch.manual_seed(0)
+    aten = transformers.Qwen2ForCausalLM(config).eval()
+    aten.config._attn_implementation = GENERATION_ATTENTION
+    onednn = copy.deepcopy(aten)
+    install_onednn_linear(onednn)
+    assert fast_decoder_for(onednn) is not None
+
+    def classes(model):
+        return {type(m) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+
+    replica = build_generation_replica(onednn)
+    assert classes(replica) == {OneDNNLinear} and classes(build_generation_replica(aten)) == {torch.nn.Linear}
+    with torch.no_grad():  # what sync_replica_weights copies: parameters and buffers (rotary inv_freq)
+        for (name, target), (source_name, source) in zip(
+            [*replica.named_parameters(), *replica.named_buffers()],
+            [*onednn.named_parameters(), *onednn.named_buffers()],
+            strict=True,
+        ):
+            assert name == source_name
+            target.copy_(source)
+    ids, mask, pos = _prompts()
+    p = SamplingParams(
+        temperature=1.0, top_p=1.0, top_k=-1, do_sample=True, n=1, response_length=12, ignore_eos=True
+    )
+    runs = [decode(m, ids, mask, pos, p, torch.arange(4), [], 0) for m in (replica, onednn, aten)]
+    for tokens, log_probs, _ in runs[:2]:
+        assert torch.equal(tokens, runs[2][0])
+        torch.testing.assert_close(log_probs, runs[2][1], rtol=0, atol=2e-5)
