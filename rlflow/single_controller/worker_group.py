@@ -272,32 +272,32 @@ class RayWorkerGroup:
             self._mesh_info[mesh_name] = MeshInfo([d for d, _ in infos], [c for _, c in infos])
         return self._mesh_info[mesh_name]
 
-    def submit(self, method: str, *args: Any, threads: int | None = None, **kwargs: Any) -> PendingCall:
-        """Start a blocking group method without waiting for it: ``submit("update_critic", batch, adv=adv)``
-        runs what ``group.update_critic(batch, adv=adv)`` runs, and `PendingCall.result` returns what that
-        returns. The driver can then start another group's call that runs alongside (`as_completed`).
+    def submit(self, method: str, *args: Any, threads: int | None = None, **kwargs: Any) -> Any:
+        """Start a group method without waiting for it: ``submit("update_critic", batch, adv=adv)``
+        runs what ``group.update_critic(batch, adv=adv)`` runs. For a blocking method it returns a
+        `PendingCall`, whose ``result`` returns what the direct call returns; a method registered with
+        ``blocking=False`` returns what its direct call returns (its future). The driver can then start
+        another group's call that runs alongside (`as_completed`).
 
         Args:
-            method: a method registered with ``blocking=True`` (a non-blocking one returns its future at
-                once when called directly).
+            method: a registered method.
             threads: intra-op threads every rank computes the call with (its own count when None), for
                 calls that share a bundle's CPU cores with another role's call running at the same time.
         """
         spec = self._specs.get(method)
         if spec is None:
             raise ValueError(f"worker group {self.name!r} has no registered method {method!r}")
-        if not spec.blocking:
-            raise ValueError(
-                f"worker group {self.name!r}: {method} is registered with blocking=False; call it directly, "
-                "it returns its future at once"
-            )
         if threads is not None and int(threads) < 1:
             raise ValueError(f"worker group {self.name!r}: submit({method!r}) threads={threads} must be >= 1")
+        if not spec.blocking:
+            return self._call(method, spec, args, kwargs, threads)
         return self._start(method, spec, args, kwargs, threads)
 
-    def _call(self, name: str, spec: MethodSpec, args: tuple, kwargs: dict) -> Any:
+    def _call(
+        self, name: str, spec: MethodSpec, args: tuple, kwargs: dict, threads: int | None = None
+    ) -> Any:
         if not spec.blocking and is_data_parallel(spec):
-            dispatched, gather, refs = self._launch(name, spec, args, kwargs, None)
+            dispatched, gather, refs = self._launch(name, spec, args, kwargs, threads)
             peers = [(ref, self.name, r) for r, ref in enumerate(refs) if r not in gather]
             return future_from_refs(
                 [refs[r] for r in gather],
@@ -305,7 +305,7 @@ class RayWorkerGroup:
                 dispatched.pad_size,
                 peers + _future_watch(args, kwargs),
             )
-        call = self._start(name, spec, args, kwargs, None)
+        call = self._start(name, spec, args, kwargs, threads)
         if not spec.blocking:
             return GroupFuture(self, call.refs, call.ranks, list)
         return call.result()

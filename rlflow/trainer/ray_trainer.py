@@ -51,6 +51,7 @@ from rlflow.trainer.worker_groups import (
     overlap_threads,
     overlapped_updates,
     profiled_step,
+    values_beside_reference,
 )
 
 logger = logging.getLogger(__name__)
@@ -243,12 +244,16 @@ class RayPPOTrainer:
                 metrics.update(rollout_entropy(batch))
             if self.rollout_correction is not None:
                 metrics.update(correct_rollout_batch(batch, self.rollout_correction))
-            if self.groups.ref is not None:
+            values = None
+            if self.groups.ref is not None and self.use_critic and self.overlap is not None:
+                out, values = values_beside_reference(self.groups, batch, self.overlap, timing)
+                batch.union(out.select(batch_keys=["ref_log_prob"], meta_info_keys=[]))
+            elif self.groups.ref is not None:
                 with _timer("ref", timing):
                     self._ref_log_prob(batch)
             metrics.update(self._rewards_with_kl(batch))
             with _timer("adv", timing):
-                adv, adv_metrics = self._advantages(batch)
+                adv, adv_metrics = self._advantages(batch, values)
             metrics.update(adv_metrics)
             actor_due = self.global_steps > int(self.config.trainer.critic_warmup)
             if self.use_critic and actor_due and self.overlap is not None:
@@ -449,16 +454,20 @@ class RayPPOTrainer:
         _, metrics = apply_kl_penalty(batch, self.kl_ctrl, self.config.algorithm.kl_penalty)
         return metrics
 
-    def _advantages(self, batch: DataProto) -> tuple[DataProtoFuture | None, dict[str, float]]:
+    def _advantages(
+        self, batch: DataProto, values: DataProtoFuture | None = None
+    ) -> tuple[DataProtoFuture | None, dict[str, float]]:
         """Advantages of the step, computed once.
 
-        With a critic: ``compute_values`` then ``compute_advantage`` in the critic group, both
+        With a critic: ``compute_values`` (unless ``values``, their future, came with the reference's
+        call: `values_beside_reference`) then ``compute_advantage`` in the critic group, both
         non-blocking; the returned future (values, advantages, returns) goes to both updates and is
         never fetched here. Without one, the driver holds the whole batch and computes them (group
         estimators see whole groups); the batch then carries ``advantages`` and ``returns``.
         """
         if self.use_critic:
-            values = self.groups.critic.compute_values(batch)
+            if values is None:
+                values = self.groups.critic.compute_values(batch)
             adv = self.groups.critic.compute_advantage(batch, values=values)
             if not isinstance(adv, DataProtoFuture):
                 raise TypeError("CriticWorker.compute_advantage must be registered with blocking=False")

@@ -16,6 +16,8 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import ray
+
 from rlflow.config import needed_roles
 from rlflow.config.resource_checks import cpus_per_rank, ray_address
 from rlflow.config.schema import PPOTrainerConfig
@@ -40,6 +42,7 @@ __all__ = [
     "rank_threads",
     "rank_threads_cap",
     "resource_pool",
+    "values_beside_reference",
 ]
 
 logger = logging.getLogger(__name__)
@@ -290,6 +293,28 @@ def overlapped_updates(
         outputs.append(out)
     timing["update"] = time.perf_counter() - start
     return outputs
+
+
+def values_beside_reference(
+    groups: WorkerGroups, batch: DataProto, threads: tuple[int, int], timing: dict[str, float]
+) -> tuple[DataProto, DataProtoFuture]:
+    """The reference's log-probs and the critic's values of one step at the same time (`overlap_threads`:
+    the reference with the actor's part of the threads, the critic with its own). Both only read the
+    step's responses. Returns ``(the reference's output, the future of the values)``; the values stay in
+    the critic's object store (the driver waits for them without fetching).
+
+    ``timing`` gets ``ref`` (the reference's call) and ``values`` (from the same start until the values
+    are ready); the two overlap.
+    """
+    actor_threads, critic_threads = threads
+    start = time.perf_counter()
+    values = groups.critic.submit("compute_values", batch, threads=critic_threads)
+    out = groups.ref.submit("compute_ref_log_prob", batch, threads=actor_threads).result()
+    timing["ref"] = time.perf_counter() - start
+    refs = [*values.refs, *(ref for ref, _, _ in values.watch)]
+    ray.wait(refs, num_returns=len(refs), fetch_local=False)  # an error surfaces where the values are read
+    timing["values"] = time.perf_counter() - start
+    return out, values
 
 
 @contextlib.contextmanager

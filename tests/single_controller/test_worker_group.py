@@ -30,6 +30,18 @@ from rlflow.single_controller.futures import DataProtoFuture, FutureSlice
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 
+def _timed_threads(data: DataProto, hold_s: float) -> DataProto:
+    start = time.time()
+    time.sleep(hold_s)
+    n = len(data)
+    return DataProto.from_dict(
+        tensors={
+            "threads": torch.full((n,), torch.get_num_threads()),
+            "interval": torch.tensor([[start, time.time()]], dtype=torch.float64).expand(n, 2),
+        }
+    )
+
+
 class EchoWorker(Worker):
     """Each method tags what it received with its rank, so the tests can see where samples went."""
 
@@ -78,15 +90,12 @@ class EchoWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def timed_threads(self, data: DataProto, hold_s: float) -> DataProto:
         """Intra-op threads during the call and the call's wall-clock interval, per sample."""
-        start = time.time()
-        time.sleep(hold_s)
-        n = len(data)
-        return DataProto.from_dict(
-            tensors={
-                "threads": torch.full((n,), torch.get_num_threads()),
-                "interval": torch.tensor([[start, time.time()]], dtype=torch.float64).expand(n, 2),
-            }
-        )
+        return _timed_threads(data, hold_s)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def timed_threads_async(self, data: DataProto, hold_s: float) -> DataProto:
+        """`timed_threads` registered non-blocking (its direct call returns a future)."""
+        return _timed_threads(data, hold_s)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def malloc_env(self) -> dict:
@@ -375,7 +384,8 @@ def test_colocated_roles_each_compute_with_every_cpu_of_the_bundle(monkeypatch):
 def test_submitted_calls_of_two_colocated_groups_run_together_with_their_threads(monkeypatch):
     """`RayWorkerGroup.submit` starts a blocking method without waiting: two roles' calls overlap in time,
     each with the threads it was given, the ranks get their own count back afterwards, and `result`
-    returns what the blocking call returns (dispatch padding stripped)."""
+    returns what the blocking call returns (dispatch padding stripped). A non-blocking method returns its
+    future, computed with the threads it was given."""
     from rlflow.single_controller.worker_group import as_completed
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -396,8 +406,15 @@ def test_submitted_calls_of_two_colocated_groups_run_together_with_their_threads
         assert [g.threads() for g in groups] == [[2], [2]]  # restored after the call
         done = groups[0].submit("double", _data(3)).result()
         assert torch.equal(done.batch["y"], groups[0].double(_data(3)).batch["y"])
-        with pytest.raises(ValueError, match="blocking=False"):
-            groups[0].submit("double_async", _data(2))
+        # a non-blocking method: its future, computed with the threads given, beside another call
+        future = groups[0].submit("timed_threads_async", _data(3), hold_s=1.0, threads=1)
+        assert isinstance(future, DataProtoFuture)
+        beside = groups[1].submit("timed_threads", _data(3), 1.0).result()
+        fetched = future.get()
+        assert fetched.batch["threads"].tolist() == [1, 1, 1]
+        (a0, a1), (b0, b1) = fetched.batch["interval"][0].tolist(), beside.batch["interval"][0].tolist()
+        assert a0 < b1 and b0 < a1
+        assert [g.threads() for g in groups] == [[2], [2]]
         with pytest.raises(ValueError, match="no registered method 'nope'"):
             groups[0].submit("nope")
         with pytest.raises(ValueError, match="threads=0 must be >= 1"):

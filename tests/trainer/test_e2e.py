@@ -307,11 +307,19 @@ def test_golden_metrics(tmp_path):
             assert got[key] == pytest.approx(value, **_golden_tolerance(key, want)), key
 
 
-def test_overlapped_updates_train_as_the_sequential_ones(tmp_path):
-    """The default CPU layout (one rank per role, 2 threads) runs the critic's and the actor's updates of a
+def test_overlapped_updates_train_as_the_sequential_ones(tmp_path, monkeypatch):
+    """The default CPU layout (one rank per role, 2 threads) with a reference (KL in the reward) computes
+    the critic's values beside the reference's log-probs and runs the critic's and the actor's updates of a
     step together, one thread each (``trainer.overlap_updates``). Two steps give the metrics of the same
-    run with the updates one after the other, to the golden run's tolerances (the thread count changes the
-    summation order of some reductions, not the math), and the timing says which phase ran how."""
+    run with every call one after the other, to the golden run's tolerances (the thread count changes the
+    summation order of some reductions, not the math), the timing says which phase ran how, and the values
+    never reach the driver."""
+
+    def forbidden(self, *a, **k):
+        raise AssertionError("the driver materialised a values future")
+
+    monkeypatch.setattr(FutureSlice, "resolve", forbidden)
+    monkeypatch.setattr(DataProtoFuture, "get", forbidden)
     runs = {}
     for overlap in ("null", "false"):
         cfg = load_config(
@@ -321,6 +329,7 @@ def test_overlapped_updates_train_as_the_sequential_ones(tmp_path):
                 f"trainer.overlap_updates={overlap}",
                 "actor_rollout_ref.model.path=rlflow://tiny",
                 "critic.model.path=rlflow://tiny",
+                "algorithm.use_kl_in_reward=true",
             ),
             config_name="demo",
         )
@@ -329,6 +338,10 @@ def test_overlapped_updates_train_as_the_sequential_ones(tmp_path):
         assert "timing_s/update" in together and "timing_s/update" not in apart
         for role in ("update_critic", "update_actor"):  # each role's own time, inside the phase
             assert 0 < together[f"timing_s/{role}"] <= together["timing_s/update"] + 1e-6
+        # the values beside the reference: the phase lasts until both are done
+        assert "timing_s/values" in together and "timing_s/values" not in apart
+        assert 0 < together["timing_s/ref"] <= together["timing_s/values"] + 1e-6
+        assert "actor/reward_kl_penalty" in together
         got, want = _comparable(together), _comparable(apart)
         assert sorted(got) == sorted(want)
         for key, value in want.items():
