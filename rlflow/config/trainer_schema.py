@@ -25,11 +25,14 @@ class TrainerConfig:
         overlap_updates: run the critic's and the actor's updates of a step at the same time, each rank
             computing with its part of its bundle's CPU threads (the actor ``ceil(t / 2)``, the critic
             ``floor(t / 2)``); the updates do not depend on each other, and their ops that do not fill
-            every core (small ops, Python) then overlap. CPU pools only (on a GPU the roles of a bundle share
-            one device). None = on where it helps: a CPU run with a critic that has the actor's ranks and
-            at least 2 threads per rank (the default CPU layout; on a local Ray at most the machine's cores
-            shared by the ranks are split, however many CPUs Ray counts); ``timing_s/update`` is then the phase,
-            and ``timing_s/update_critic`` / ``update_actor`` each role's time from its start.
+            every core (small ops, Python) then overlap. With a reference, the critic's values are likewise
+            computed beside the reference's log-probs (the reference with the actor's part), so the actor's
+            update does not wait for them. CPU pools only (on a GPU the roles of a bundle share one
+            device). None = on where it helps: a CPU run with a critic that has the actor's ranks and at
+            least 2 threads per rank (the default CPU layout; on a local Ray at most the machine's cores
+            shared by the ranks are split, however many CPUs Ray counts); ``timing_s/update`` is then the
+            phase, ``timing_s/update_critic`` / ``update_actor`` each role's time from its start, and
+            ``timing_s/values`` the time until the values were ready (it overlaps ``timing_s/ref``).
         cpu_linear_kernel: what computes the fp32 linear layers of the CPU roles (forward and backward):
             ``aten`` is torch's ``F.linear`` (MKL's GEMM on x86), ``onednn`` oneDNN's kernel from the same
             torch build (`rlflow.models.cpu_linear`: exact fp32 in another summation order), ``auto``

@@ -6,10 +6,13 @@ oneDNN at 420-500, on every shape of a 13M Qwen2's forward and backward; on anot
 L3) the two were within 10 %; MKL is tuned for Intel's CPUs. `resolve_cpu_linear_kernel` measures both
 where the run starts and picks oneDNN only where it is clearly faster.
 
-`linear` is ``F.linear`` with the forward and both backward products through
-``torch.ops.mkldnn._linear_pointwise`` (exact fp32, no reduced-precision math), for fp32 CPU tensors and
-products large enough for oneDNN's per-call cost to pay (`MIN_MACS`); anything else goes to ``F.linear``.
-`install_onednn_linear` routes a model's ``nn.Linear`` modules through it.
+`linear` is ``F.linear`` with the forward and both backward products in oneDNN (the forward and the input
+gradient through ``torch.ops.mkldnn._linear_pointwise``, the weight gradient through its inner-product
+backward; exact fp32, no reduced-precision math), for fp32 CPU tensors and products large enough for
+oneDNN's per-call cost to pay (`MIN_MACS`); anything else goes to ``F.linear``. Without autograd (the
+rollout's prefill, the reference's and reward model's forwards) it is the forward product alone.
+`install_onednn_linear` routes a model's ``nn.Linear`` modules through it; a generation replica of such a
+model gets the same layers (`rlflow.rollout.hf.build_generation_replica`).
 """
 
 from __future__ import annotations
