@@ -196,22 +196,6 @@ def _flash_varlen(
     return out.transpose(0, 1)[None]
 
 
-def _kv_heads_for_sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-    """k and v (b, h_kv, s, d) for SDPA calls with q (b, h, s, d): on the CPU as they are, with SDPA's
-    ``enable_gqa`` (no repeated copies; the same outputs to the bit: at 16 sequences of 140-200 tokens,
-    4 heads over 2, one layer's forward and backward took 35 ms against 40 with the copies at one thread),
-    elsewhere repeated to q's heads (not every accelerator kernel takes ``enable_gqa``). Returns
-    ``(k, v, extra SDPA keyword arguments)``."""
-    if k.shape[1] == q.shape[1]:
-        return k, v, {}
-    if q.device.type == "cpu":
-        return k, v, {"enable_gqa": True}
-    groups = q.shape[1] // k.shape[1]
-    return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), {}
-
-
 def _per_sequence_sdpa(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -222,14 +206,14 @@ def _per_sequence_sdpa(
     causal: bool,
 ) -> torch.Tensor:
     """One SDPA call per packed sequence: q (b, h, s, d), k/v (b, h_kv, s, d) -> (b, h, s, d)."""
-    k, v, gqa = _kv_heads_for_sdpa(q, k, v)
+    if k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     rows = []
     for b, lengths in enumerate(layout.lengths):
         parts = zip(*(t[b : b + 1].split(lengths, dim=2) for t in (q, k, v)))
         outs = [
-            F.scaled_dot_product_attention(
-                qi, ki, vi, dropout_p=dropout, is_causal=causal, scale=scaling, **gqa
-            )
+            F.scaled_dot_product_attention(qi, ki, vi, dropout_p=dropout, is_causal=causal, scale=scaling)
             for qi, ki, vi in parts
         ]
         rows.append(torch.cat(outs, dim=2))
@@ -279,11 +263,10 @@ def _shared_prefix_sdpa(
 ) -> torch.Tensor:
     """Causal attention over packed rows holding roots and their branches (see the module docstring):
     per root, one causal SDPA call over the root and one masked call over all its branches (their
-    queries against the root's shared prefix and their own keys). q (b, h, s, d), k/v (b, h_kv, s, d).
+    queries against the root's shared prefix and their own keys). q (b, h, s, d), k/v (b, h, s, d).
 
     Each row is cut with one ``split`` (its backward is one concatenation, where a slice per sequence
     would scatter into a zero tensor of the whole row each)."""
-    k, v, gqa = _kv_heads_for_sdpa(q, k, v)
     rows = []
     for b, sequences in enumerate(layout.sequences):
         groups = _root_groups(sequences, b)
@@ -293,9 +276,7 @@ def _shared_prefix_sdpa(
         for g, (_, branches) in enumerate(groups):
             (qr, kr, vr), (qb, kb, vb) = chunks[2 * g], chunks[2 * g + 1]
             outs.append(
-                F.scaled_dot_product_attention(
-                    qr, kr, vr, dropout_p=dropout, is_causal=True, scale=scaling, **gqa
-                )
+                F.scaled_dot_product_attention(qr, kr, vr, dropout_p=dropout, is_causal=True, scale=scaling)
             )
             if not branches:
                 continue
@@ -306,7 +287,7 @@ def _shared_prefix_sdpa(
             kb, vb = torch.cat([kr[:, :, :prefix], kb], dim=2), torch.cat([vr[:, :, :prefix], vb], dim=2)
             outs.append(
                 F.scaled_dot_product_attention(
-                    qb, kb, vb, attn_mask=layout.branch_masks[key], dropout_p=dropout, scale=scaling, **gqa
+                    qb, kb, vb, attn_mask=layout.branch_masks[key], dropout_p=dropout, scale=scaling
                 )
             )
         rows.append(torch.cat(outs, dim=2))
@@ -328,6 +309,9 @@ def _packed_attention(
             raise ValueError(
                 "shared-prompt packing (sequences that branch off a prompt) needs causal attention"
             )
+        if k.shape[1] != q.shape[1]:
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
         return _shared_prefix_sdpa(q, k, v, layout, dropout, scaling)
     if _HAS_FLASH_ATTN and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[0] == 1:
         return _flash_varlen(q, k, v, layout, dropout_p=dropout, softmax_scale=scaling, causal=causal)
