@@ -301,7 +301,8 @@ def values_beside_reference(
     """The reference's log-probs and the critic's values of one step at the same time (`overlap_threads`:
     the reference with the actor's part of the threads, the critic with its own). Both only read the
     step's responses. Returns ``(the reference's output, the future of the values)``; the values stay in
-    the critic's object store (the driver waits for them without fetching).
+    the critic's object store: the driver waits for them without fetching, at most the critic group's
+    ``call_timeout_s``. A critic rank's error or death surfaces in the call that reads the values.
 
     ``timing`` gets ``ref`` (the reference's call) and ``values`` (from the same start until the values
     are ready); the two overlap.
@@ -312,7 +313,7 @@ def values_beside_reference(
     out = groups.ref.submit("compute_ref_log_prob", batch, threads=actor_threads).result()
     timing["ref"] = time.perf_counter() - start
     refs = [*values.refs, *(ref for ref, _, _ in values.watch)]
-    ray.wait(refs, num_returns=len(refs), fetch_local=False)  # an error surfaces where the values are read
+    ray.wait(refs, num_returns=len(refs), timeout=groups.critic.call_timeout_s, fetch_local=False)
     timing["values"] = time.perf_counter() - start
     return out, values
 

@@ -182,3 +182,95 @@ def test_groups_are_created_together_and_none_is_left_when_one_fails():
         for g in made:
             g.shutdown()
         pool.remove()
+
+
+class ScoringWorker(Worker):
+    """A stand-in for the reference (``compute_ref_log_prob``) and the critic (``compute_values``,
+    non-blocking): each records its threads and wall-clock interval; ``mode`` makes the values fail or
+    hang."""
+
+    def __init__(self, mode: str = "ok") -> None:
+        super().__init__()
+        self.mode = mode
+
+    def _timed(self, data, key: str):
+        import torch
+
+        from rlflow.protocol import DataProto
+
+        start = time.time()
+        if self.mode == "raise":
+            raise RuntimeError("critic forward failed")
+        time.sleep(600.0 if self.mode == "hang" else 1.0)
+        n = len(data)
+        return DataProto.from_dict(
+            tensors={
+                key: data.batch["x"] * 2.0,
+                "threads": torch.full((n,), torch.get_num_threads()),
+                "interval": torch.tensor([[start, time.time()]], dtype=torch.float64).expand(n, 2),
+            }
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data):
+        return self._timed(data, "ref_log_prob")
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def compute_values(self, data):
+        return self._timed(data, "values")
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_values_are_computed_beside_the_reference_and_never_block_for_ever(monkeypatch):
+    """`values_beside_reference`: the critic's values and the reference's log-probs run at the same time
+    with the threads given; the values stay a future (the driver fetches nothing); a failing critic
+    surfaces where the values are read, and a hanging one stops the driver's wait after the critic
+    group's ``call_timeout_s``."""
+    import torch
+
+    from rlflow.protocol import DataProto
+    from rlflow.single_controller.futures import DataProtoFuture, FutureSlice
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    pool = RayResourcePool([1], cpus_per_bundle=2.0, name_prefix="beside", max_colocate_count=4)
+    made: list[RayWorkerGroup] = []
+
+    def group(name: str, mode: str = "ok", timeout: float | None = None) -> RayWorkerGroup:
+        made.append(
+            RayWorkerGroup(
+                pool, RayClassWithInitArgs(ScoringWorker, mode), name_prefix=name, call_timeout_s=timeout
+            )
+        )
+        return made[-1]
+
+    batch = DataProto.from_dict(tensors={"x": torch.arange(3.0)})
+    try:
+        ref = group("ref")
+        groups = WorkerGroups(pool=pool, actor=None, ref=ref, critic=group("critic"))
+        timing: dict[str, float] = {}
+        with monkeypatch.context() as m:  # the driver never materialises the values
+            m.setattr(FutureSlice, "resolve", lambda *a: pytest.fail("the driver fetched the values"))
+            out, values = worker_groups.values_beside_reference(groups, batch, (1, 1), timing)
+        assert isinstance(values, DataProtoFuture)
+        assert 0 < timing["ref"] <= timing["values"]
+        got = values.get()
+        assert torch.equal(got.batch["values"], torch.arange(3.0) * 2) and out.batch[
+            "ref_log_prob"
+        ].shape == (3,)
+        assert out.batch["threads"].tolist() == [1, 1, 1] and got.batch["threads"].tolist() == [1, 1, 1]
+        (a0, a1), (b0, b1) = out.batch["interval"][0].tolist(), got.batch["interval"][0].tolist()
+        assert a0 < b1 and b0 < a1  # at the same time
+
+        failing = WorkerGroups(pool=pool, actor=None, ref=ref, critic=group("critic_raise", "raise"))
+        _, values = worker_groups.values_beside_reference(failing, batch, (1, 1), {})
+        with pytest.raises(RuntimeError, match="critic forward failed"):
+            values.get()
+
+        hanging = WorkerGroups(pool=pool, actor=None, ref=ref, critic=group("critic_hang", "hang", 2.0))
+        start = time.monotonic()
+        worker_groups.values_beside_reference(hanging, batch, (1, 1), {})
+        assert time.monotonic() - start < 30  # the reference's second, then at most call_timeout_s
+    finally:
+        for g in made:
+            g.shutdown()
+        pool.remove()
