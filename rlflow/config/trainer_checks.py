@@ -7,9 +7,8 @@ from omegaconf import DictConfig
 
 from rlflow.config.checks import at_least, choice, every_or_never, flag, optional_flag, positive, value_at
 from rlflow.config.global_sizes import role_world_size
-from rlflow.models.cpu_linear import CPU_LINEAR_KERNELS
+from rlflow.models.cpu_linear import CPU_LINEAR_KERNELS, check_onednn_usable
 from rlflow.utils.checkpoint_files import check_mirror_destination
-from rlflow.utils.onednn import onednn_linear_available
 
 __all__ = [
     "DEVICES",
@@ -74,20 +73,10 @@ def check_trainer(cfg: DictConfig) -> None:
 
 def check_cpu_linear_kernel(cfg: DictConfig) -> None:
     """``trainer.cpu_linear_kernel`` (`rlflow.models.cpu_linear`, the PPO and SFT trainers' key): one of
-    `CPU_LINEAR_KERNELS`; ``onednn`` needs the CPU and this torch build's oneDNN."""
-    kernel = choice(cfg, "trainer.cpu_linear_kernel", CPU_LINEAR_KERNELS)
-    if kernel != "onednn":
-        return
-    if value_at(cfg, "trainer.device") == "cuda":
-        raise ValueError(
-            "trainer.cpu_linear_kernel=onednn is a CPU kernel; with trainer.device=cuda the roles compute on "
-            "the GPU. Set trainer.cpu_linear_kernel to auto or aten"
-        )
-    if not onednn_linear_available():
-        raise ValueError(
-            "trainer.cpu_linear_kernel=onednn: this torch build has no working oneDNN linear op "
-            "(torch.ops.mkldnn._linear_pointwise); set trainer.cpu_linear_kernel to auto or aten"
-        )
+    `CPU_LINEAR_KERNELS`; ``onednn`` needs the CPU (``trainer.device=cuda`` is refused here, a GPU that
+    ``trainer.device=auto`` finds when the run starts) and this torch build's oneDNN (`check_onednn_usable`)."""
+    if choice(cfg, "trainer.cpu_linear_kernel", CPU_LINEAR_KERNELS) == "onednn":
+        check_onednn_usable("cuda" if value_at(cfg, "trainer.device") == "cuda" else "cpu")
 
 
 PROFILED_SECTIONS = (

@@ -36,6 +36,7 @@ __all__ = [
     "CPU_LINEAR_KERNELS",
     "MIN_MACS",
     "OneDNNLinear",
+    "check_onednn_usable",
     "install_onednn_linear",
     "linear",
     "resolve_cpu_linear_kernel",
@@ -59,6 +60,17 @@ AUTO_MIN_SPEEDUP = 1.25
 on the Zen 5 EPYC; 1.08-1.14x on the other one, where MKL stays)."""
 
 
+def _forward_product(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows, x W^T + b)``: x's rows (n, in), contiguous, and the product by oneDNN in x's leading shape.
+
+    The product has its own storage, not a view of the (n, out) result: FSDP2 warns about modules
+    returning views (an in-place op on one would skip its pre-backward hook)."""
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    return rows, onednn_linear(rows, weight, bias).resize_(*x.shape[:-1], weight.shape[0])
+
+
 class _OneDNNLinearFunction(torch.autograd.Function):
     """``F.linear`` whose three products (``y = x W^T``, ``dx = dy W``, ``dW = dy^T x``) run in oneDNN; the
     weight gradient through its inner-product backward (`onednn_linear_weight_grad`), which reads ``dy`` and
@@ -70,14 +82,11 @@ class _OneDNNLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1]).contiguous()
+        rows, out = _forward_product(x, weight, bias)
         ctx.save_for_backward(rows, weight)
         ctx.input_shape = x.shape
         ctx.has_bias = bias is not None
-        out = onednn_linear(rows, weight, bias)  # a fresh (rows, out) tensor
-        # its own storage in the input's leading shape, not a view: FSDP2 warns about modules returning
-        # views (an in-place op on one would skip its pre-backward hook)
-        return out.resize_(*x.shape[:-1], weight.shape[0])
+        return out
 
     @staticmethod
     @once_differentiable
@@ -122,8 +131,7 @@ def linear(
     if onednn and _routes_to_onednn(x, weight, bias):
         if torch.is_grad_enabled():
             return _OneDNNLinearFunction.apply(x, weight, bias)
-        rows = x.reshape(-1, x.shape[-1]).contiguous()  # no autograd: the product alone
-        return onednn_linear(rows, weight, bias).resize_(*x.shape[:-1], weight.shape[0])
+        return _forward_product(x, weight, bias)[1]  # no autograd: the product alone
     return F.linear(x, weight, bias)
 
 
@@ -158,6 +166,20 @@ def uses_onednn_linear(model: nn.Module) -> bool:
     return any(isinstance(m, OneDNNLinear) or getattr(m, "onednn", False) is True for m in model.modules())
 
 
+def check_onednn_usable(device_type: str, key: str = "trainer.cpu_linear_kernel") -> None:
+    """Refuse ``<key>=onednn`` where it cannot run (`ValueError` naming the key): a run computing on
+    ``device_type`` other than the CPU, or a torch build without a working oneDNN linear op."""
+    if device_type != "cpu":
+        raise ValueError(
+            f"{key}=onednn is a CPU kernel, but this run computes on {device_type}; set {key} to auto or aten"
+        )
+    if not onednn_linear_available():
+        raise ValueError(
+            f"{key}=onednn: this torch build has no working oneDNN linear op "
+            f"(torch.ops.mkldnn._linear_pointwise); set {key} to auto or aten"
+        )
+
+
 def resolve_cpu_linear_kernel(
     setting: str, device_type: str, threads: int, key: str = "trainer.cpu_linear_kernel"
 ) -> str:
@@ -177,14 +199,7 @@ def resolve_cpu_linear_kernel(
     if setting not in CPU_LINEAR_KERNELS:
         raise ValueError(f"{key}={setting!r}: choose one of {list(CPU_LINEAR_KERNELS)}")
     if setting == "onednn":
-        if device_type != "cpu":
-            raise ValueError(
-                f"{key}=onednn is a CPU kernel, but this run computes on {device_type}; set it to auto or aten"
-            )
-        if not onednn_linear_available():
-            raise ValueError(
-                f"{key}=onednn: this torch build has no working oneDNN linear op; set it to aten"
-            )
+        check_onednn_usable(device_type, key)
         return setting
     if setting == "aten" or device_type != "cpu" or not onednn_linear_available():
         return "aten"
