@@ -112,6 +112,35 @@ def test_documented_trainer_commands_compose() -> None:
     assert count >= 14
 
 
+# What a documented command may fail on here: the user's own files and models, and a cluster's CPUs.
+_USER_ENVIRONMENT = ("no such file", "cannot load the model config from", "CPUs for the placement group")
+
+
+def test_documented_trainer_commands_pass_the_whole_validation() -> None:
+    """Every documented command line passes every check made before Ray starts (`prepare_config`: the
+    layout against its ranks, the files, the LoRA targets...), unless it names a file or model of the
+    user's or needs a cluster's CPUs."""
+    from rlflow.config import CONFIG_NAME
+    from rlflow.trainer.cli import split_config_name
+    from rlflow.trainer.main_ppo import prepare_config
+
+    validated = 0
+    for page, text in [("README.md", (REPO / "README.md").read_text())] + [
+        (page, (DOCS / page).read_text()) for page in CHECKED_PAGES
+    ]:
+        for args in _trainer_commands(text):
+            name, overrides = split_config_name(args)
+            try:
+                prepare_config(
+                    load_config(overrides, config_name=name or CONFIG_NAME), build_warm_start=False
+                )
+            except ValueError as exc:
+                assert any(reason in str(exc) for reason in _USER_ENVIRONMENT), f"{page}: {args}: {exc}"
+                continue
+            validated += 1
+    assert validated >= 10
+
+
 def test_the_readme_main_job_is_the_demo_config_with_no_overrides() -> None:
     main_job = _trainer_commands((REPO / "README.md").read_text())[0]
     assert main_job == ["--config-name", "demo"]
