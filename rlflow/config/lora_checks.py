@@ -1,4 +1,7 @@
-"""Checks of the actor's LoRA keys (``actor_rollout_ref.model.lora_*``), used by `config_validate`."""
+"""Checks of the LoRA keys of the actor (``actor_rollout_ref.model.lora_*``) and the critic
+(``critic.model.lora_rank`` / ``lora_alpha`` / ``target_modules``): `check_lora`, used by `config_validate`,
+and `check_lora_targets`, which `rlflow.trainer.main_ppo.prepare_config` runs on the models' architectures
+before Ray starts."""
 
 from __future__ import annotations
 
@@ -9,9 +12,10 @@ from omegaconf import DictConfig, ListConfig
 from rlflow.config.checks import at_least, flag, positive, value_at
 from rlflow.models.peft_adapter import check_peft_adapter
 
-__all__ = ["check_lora"]
+__all__ = ["check_lora", "check_lora_targets"]
 
 MODEL = "actor_rollout_ref.model"
+CRITIC_MODEL = "critic.model"
 
 
 def _module_names(cfg: DictConfig, key: str, allow_all: bool) -> None:
@@ -33,10 +37,14 @@ def _module_names(cfg: DictConfig, key: str, allow_all: bool) -> None:
 
 
 def check_lora(cfg: DictConfig) -> None:
-    """``lora_rank`` >= 0; with adapters on (``lora_rank > 0`` or a ``lora_adapter_path``): a readable PEFT
-    LoRA adapter at the path (`rlflow.models.peft_adapter.check_peft_adapter`, before Ray starts), else
-    ``lora_alpha`` > 0 and the module selections well-formed; and no reference sync (the reference holds
-    no adapters to move)."""
+    """The actor's ``lora_rank`` >= 0; with adapters on (``lora_rank > 0`` or a ``lora_adapter_path``): a
+    readable PEFT LoRA adapter at the path (`rlflow.models.peft_adapter.check_peft_adapter`, before Ray
+    starts), else ``lora_alpha`` > 0 and the module selections well-formed; and no reference sync (the
+    reference holds no adapters to move). The critic's: ``lora_rank`` >= 0 and, when > 0, ``lora_alpha`` >
+    0 and ``target_modules`` well-formed."""
+    if at_least(cfg, f"{CRITIC_MODEL}.lora_rank", 0) > 0:
+        positive(cfg, f"{CRITIC_MODEL}.lora_alpha")
+        _module_names(cfg, f"{CRITIC_MODEL}.target_modules", allow_all=True)
     rank = at_least(cfg, f"{MODEL}.lora_rank", 0)
     path = value_at(cfg, f"{MODEL}.lora_adapter_path")
     if path is not None:
@@ -57,3 +65,30 @@ def check_lora(cfg: DictConfig) -> None:
             "base model and the actor trains only its adapters, so there is nothing to move into the "
             "reference; set sync_ref_model=false (or lora_rank=0)"
         )
+
+
+def check_lora_targets(cfg: DictConfig, critic: bool) -> None:
+    """With ``lora_rank > 0`` (and no ``lora_adapter_path``, whose own names are checked when it loads), a
+    role's ``target_modules`` (after ``exclude_modules``) must select a linear layer of its model: checked
+    on the architecture built on the ``meta`` device from the HF config, so a wrong list fails before Ray
+    starts, naming the key and the model's linear layers (`rlflow.models.lora.lora_targets`). Call it once
+    the model paths are resolved; ``critic``: the run has a critic."""
+    from rlflow.models.loader import meta_model
+    from rlflow.models.lora import LoRASpec, lora_targets, module_selection
+
+    roles = [(MODEL, "causal_lm", cfg.actor_rollout_ref.model)]
+    if critic:
+        roles.append((CRITIC_MODEL, "value", cfg.critic.model))
+    for key, kind, model in roles:
+        if int(model.lora_rank) == 0 or model.get("lora_adapter_path") is not None:
+            continue
+        excluded = model.get("exclude_modules")
+        spec = LoRASpec(
+            int(model.lora_rank),
+            float(model.lora_alpha),
+            module_selection(model.target_modules),
+            None if excluded is None else module_selection(excluded),
+            key_prefix=key,
+        )
+        overrides = dict(model.override_config or {})
+        lora_targets(meta_model(kind, str(model.path), bool(model.trust_remote_code), overrides), spec)

@@ -368,6 +368,14 @@ class CriticModelConfig:
         override_config: HF config attributes replaced when the value model is built.
         enable_activation_offload: as the actor's (``actor_rollout_ref.model``), for the critic's update.
         use_shared_prompts: as the actor's, for the critic's forwards (follows the actor's).
+        lora_rank: > 0 trains LoRA adapters of this rank on the value model's linear layers and its value
+            head in full, everything else frozen (`rlflow.models.lora`; verl's key, PEFT's token
+            classification with the head in ``modules_to_save``); 0 trains every weight. Checkpoints hold
+            the adapters (sharded), a PEFT adapter directory ``critic/lora_adapter`` (the head among its
+            ``modules_to_save``) and, with ``hf_model`` saved, the merged model.
+        lora_alpha: the adapters' scale is ``lora_alpha / lora_rank``.
+        target_modules: ``all-linear`` (every linear layer but the value head), a list of module-name
+            suffixes (``[q_proj, v_proj]``) or one regular expression matched against whole module names.
     """
 
     path: str | None = II("actor_rollout_ref.model.path")
@@ -379,6 +387,9 @@ class CriticModelConfig:
     enable_gradient_checkpointing: bool = True
     enable_activation_offload: bool = False
     override_config: dict[str, Any] = field(default_factory=dict)
+    lora_rank: int = 0
+    lora_alpha: float = 16
+    target_modules: Any = "all-linear"
 
 
 @dataclass

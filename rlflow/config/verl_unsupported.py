@@ -17,10 +17,6 @@ MEGATRON_ADVICE = (
     "rlflow trains on FSDP: on the command line strategy=megatron is read as fsdp2 together with the "
     "megatron.* keys (rlflow.config.megatron_layout); in a config file write strategy: fsdp2"
 )
-_CRITIC_LORA = (
-    "LoRA adapters are for the actor only (actor_rollout_ref.model.lora_rank): the critic trains every weight; "
-    "drop the key, or give the critic a smaller model (critic.model.path)"
-)
 
 VERL_UNSUPPORTED: dict[str, str] = {
     "actor_rollout_ref.rollout.quantization": _QUANTIZED,
@@ -29,7 +25,6 @@ VERL_UNSUPPORTED: dict[str, str] = {
         "rlflow has no such key: every step logs its phase times (timing_s/*), and trainer.profile_steps "
         "records traces of chosen steps; drop it"
     ),
-    **{f"critic.model.{key}": _CRITIC_LORA for key in ("lora_rank", "lora_alpha", "target_modules")},
     "data.sampling_ratios": (
         "per-file sampling ratios are not supported: the training files are concatenated and shuffled; "
         "repeat or subsample the files to weight them"

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from rlflow.models.lora import output_head
 from rlflow.models.tiny import resolve_model_path
 from rlflow.utils.dtypes import to_torch_dtype
 
@@ -34,6 +35,7 @@ __all__ = [
     "load_reward_model",
     "load_tokenizer",
     "load_value_model",
+    "meta_model",
     "resolve_attn_implementation",
     "resolve_dtype",
 ]
@@ -197,10 +199,9 @@ def load_causal_lm(
 
 def _head(model: Any, path: str) -> torch.nn.Linear:
     """The classification head of a token/sequence-classification model (``score`` or ``classifier``)."""
-    for name in ("score", "classifier"):
-        head = getattr(model, name, None)
-        if isinstance(head, torch.nn.Linear):
-            return head
+    head = output_head(model)
+    if isinstance(head, torch.nn.Linear):
+        return head
     raise ValueError(
         f"model from {path!r} ({type(model).__name__}) has no linear 'score' or 'classifier' head"
     )
@@ -220,6 +221,24 @@ def _init_head_(linear: torch.nn.Linear, std: float, seed: int) -> None:
         linear.weight.copy_(weight.to(linear.weight.dtype))
         if linear.bias is not None:
             linear.bias.zero_()
+
+
+def meta_model(
+    kind: str, path: str, trust_remote_code: bool = False, override_config: Mapping[str, Any] | None = None
+) -> torch.nn.Module:
+    """The architecture of ``path`` on the ``meta`` device, no weights read: a causal LM (``kind`` =
+    ``"causal_lm"``) or a one-label token-classification value model (``"value"``, dropout off, as
+    :func:`load_value_model` builds it). The ranks that receive their shards build this; checks before Ray
+    starts use it to see the module names."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    config = load_model_config(path, trust_remote_code, override_config)
+    with torch.device("meta"):
+        if kind == "value":
+            config.num_labels = 1
+            config.classifier_dropout = 0.0
+            return AutoModelForTokenClassification.from_config(config, trust_remote_code=trust_remote_code)
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
 
 
 def load_value_model(

@@ -1,5 +1,6 @@
-"""LoRA adapters on the actor's linear layers (verl's ``actor_rollout_ref.model.lora_rank`` / ``lora_alpha``
-/ ``target_modules`` / ``exclude_modules``).
+"""LoRA adapters on a role's linear layers: the actor's (verl's ``actor_rollout_ref.model.lora_rank`` /
+``lora_alpha`` / ``target_modules`` / ``exclude_modules``) and the critic's (``critic.model.lora_rank`` /
+``lora_alpha`` / ``target_modules``).
 
 `inject_lora` turns each selected ``nn.Linear`` into a `LoRALinear` in place: the same module, its
 ``weight`` and ``bias`` frozen, with two trainable matrices beside them,
@@ -8,7 +9,9 @@
 
 A drawn like ``nn.Linear``'s weight (Kaiming-uniform), B zero, so the adapted model starts equal to the
 base model. Every other parameter of the model (embeddings, norms, the LM head) is frozen too: only the
-adapters train, and the optimizer holds only them.
+adapters train, and the optimizer holds only them. A value model's head (``score``, hidden -> 1) is never
+adapted: the caller keeps it trainable in full (``trainable=``), as PEFT's token-classification task keeps
+its head among ``modules_to_save``; a critic's fresh head has to learn whatever the adapters do.
 
 Keeping the module (rather than wrapping it) keeps the parameter names of the base model:
 ``...q_proj.weight`` stays ``...q_proj.weight`` and the adapters are ``...q_proj.lora_A`` /
@@ -45,6 +48,8 @@ __all__ = [
     "merge_lora_state_dict",
     "merge_lora_stream",
     "merge_lora_weights",
+    "module_selection",
+    "output_head",
 ]
 
 _LORA_LEAVES = ("lora_A", "lora_B", "lora_scaling")
@@ -64,6 +69,7 @@ class LoRASpec:
         exclude_modules: module-name suffixes (or one regular expression) left out of the targets.
         use_rslora: rsLoRA's scale s = alpha / sqrt(rank) (PEFT's ``use_rslora``; set by adapters loaded
             from ``lora_adapter_path`` that were trained with it).
+        key_prefix: the config section the keys were read from (error messages).
     """
 
     rank: int
@@ -71,10 +77,17 @@ class LoRASpec:
     target_modules: str | tuple[str, ...] = ALL_LINEAR
     exclude_modules: str | tuple[str, ...] | None = None
     use_rslora: bool = False
+    key_prefix: str = "actor_rollout_ref.model"
 
     @property
     def scaling(self) -> float:
         return float(self.alpha) / (math.sqrt(self.rank) if self.use_rslora else float(self.rank))
+
+
+def module_selection(value: str | Iterable[str]) -> str | tuple[str, ...]:
+    """A config's ``target_modules`` / ``exclude_modules`` as `LoRASpec` holds it: a string
+    (``all-linear`` or a regular expression) as it is, a list of suffixes as a tuple."""
+    return value if isinstance(value, str) else tuple(str(v) for v in value)
 
 
 class LoRALinear(nn.Linear):
@@ -116,18 +129,27 @@ def _matches(name: str, patterns: str | Sequence[str]) -> bool:
     return any(name == p or name.endswith(f".{p}") for p in patterns)
 
 
-def _output_head(model: nn.Module) -> nn.Module | None:
+def output_head(model: nn.Module) -> nn.Module | None:
+    """The model's output layer, which LoRA never adapts: a causal LM's LM head, a token / sequence
+    classification model's ``score`` / ``classifier`` (a value or reward head); None if it has neither."""
     get = getattr(model, "get_output_embeddings", None)
-    return get() if callable(get) else None
+    head = get() if callable(get) else None
+    if head is not None:
+        return head
+    for name in ("score", "classifier"):
+        head = getattr(model, name, None)
+        if isinstance(head, nn.Linear):
+            return head
+    return None
 
 
 def lora_targets(model: nn.Module, spec: LoRASpec) -> list[tuple[str, nn.Linear]]:
-    """The ``(name, module)`` pairs `inject_lora` adapts, in module order.
+    """The ``(name, module)`` pairs `inject_lora` adapts, in module order (never the `output_head`).
 
     Raises:
         ValueError: no module matches ``target_modules`` (after ``exclude_modules``).
     """
-    head = _output_head(model)
+    head = output_head(model)
     targets = []
     for name, module in model.named_modules():
         if not isinstance(module, nn.Linear) or module is head:
@@ -138,25 +160,32 @@ def lora_targets(model: nn.Module, spec: LoRASpec) -> list[tuple[str, nn.Linear]
             continue
         targets.append((name, module))
     if not targets:
+        linears = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+        head_name = next((n for n, m in model.named_modules() if m is head), None)
         raise ValueError(
-            f"actor_rollout_ref.model.target_modules={spec.target_modules!r} (exclude_modules="
+            f"{spec.key_prefix}.target_modules={spec.target_modules!r} (exclude_modules="
             f"{spec.exclude_modules!r}) matches no linear layer of {type(model).__name__}; linear layers: "
-            f"{sorted({n.rsplit('.', 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})}"
+            f"{sorted(linears - {head_name})}"
+            + ("" if head_name is None else f" (the output layer {head_name!r} is never adapted)")
         )
     return targets
 
 
-def inject_lora(model: nn.Module, spec: LoRASpec, seed: int = 0) -> list[str]:
-    """Add LoRA adapters to ``model`` in place and freeze everything else; returns the adapted names.
+def inject_lora(
+    model: nn.Module, spec: LoRASpec, seed: int = 0, trainable: Sequence[nn.Module] = ()
+) -> list[str]:
+    """Add LoRA adapters to ``model`` in place and freeze everything else but the ``trainable`` modules
+    (a value model's head); returns the adapted names.
 
     Call it before sharding (the adapters are parameters like any other to FSDP) and before gradient
     checkpointing is enabled.
     """
     if spec.rank <= 0:
-        raise ValueError(f"actor_rollout_ref.model.lora_rank={spec.rank} must be > 0 to add adapters")
+        raise ValueError(f"{spec.key_prefix}.lora_rank={spec.rank} must be > 0 to add adapters")
     targets = lora_targets(model, spec)
+    kept = {id(p) for module in trainable for p in module.parameters()}
     for param in model.parameters():
-        param.requires_grad_(False)
+        param.requires_grad_(id(param) in kept)
     for index, (_, module) in enumerate(targets):
         device = module.weight.device
         lora_a = torch.empty(spec.rank, module.in_features, dtype=torch.float32, device=device)

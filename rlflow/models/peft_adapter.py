@@ -224,12 +224,17 @@ def save_peft_adapter(
     adapters: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
     spec: LoRASpec,
     base_model_name_or_path: str | None = None,
+    saved_in_full: Mapping[str, torch.Tensor] | None = None,
+    task_type: str = "CAUSAL_LM",
 ) -> str:
     """Write ``adapters`` (``{module name: (lora_A, lora_B)}``, names of the HF model) as a PEFT adapter
     directory: ``adapter_config.json`` and ``adapter_model.safetensors``; returns ``out_dir``.
 
     ``target_modules`` lists the adapted modules by full name, so PEFT adapts exactly these (whatever
-    ``exclude_modules`` took out at training time).
+    ``exclude_modules`` took out at training time). ``saved_in_full`` (``{parameter name: tensor}``, e.g.
+    a value model's ``score.weight``) are the parameters that trained in full beside the adapters: PEFT's
+    ``modules_to_save``, stored under ``base_model.model.<name>``. ``task_type``: PEFT's (``CAUSAL_LM``, or
+    ``TOKEN_CLS`` for a value model).
     """
     from safetensors.torch import save_file
 
@@ -239,9 +244,13 @@ def save_peft_adapter(
     for name, (lora_a, lora_b) in sorted(adapters.items()):
         tensors[f"{_PREFIX}{name}.lora_A.weight"] = lora_a.detach().cpu().contiguous()
         tensors[f"{_PREFIX}{name}.lora_B.weight"] = lora_b.detach().cpu().contiguous()
+    full = dict(saved_in_full or {})
+    for name, tensor in sorted(full.items()):
+        tensors[f"{_PREFIX}{name}"] = tensor.detach().cpu().contiguous()
+    modules_to_save = sorted({name.rpartition(".")[0] for name in full}) or None
     config = {
         "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
+        "task_type": task_type,
         "r": spec.rank,
         "lora_alpha": spec.alpha,
         "use_rslora": spec.use_rslora,
@@ -250,7 +259,7 @@ def save_peft_adapter(
         "bias": "none",
         "fan_in_fan_out": False,
         "use_dora": False,
-        "modules_to_save": None,
+        "modules_to_save": modules_to_save,
         "init_lora_weights": True,
         "inference_mode": True,
         "base_model_name_or_path": base_model_name_or_path,

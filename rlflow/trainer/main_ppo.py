@@ -39,7 +39,9 @@ def prepare_config(cfg: DictConfig, build_warm_start: bool = True) -> DictConfig
     config validated: it has the architecture of ``rlflow://tiny``, which stands in for it until then
     (and afterwards too with ``build_warm_start=False``: `rlflow.trainer.check_config`)."""
     from rlflow.config.global_sizes import convert_global_micro_batch_sizes, step_size_from_gen_batch_size
+    from rlflow.config.lora_checks import check_lora_targets
     from rlflow.config.megatron_checks import check_router_losses
+    from rlflow.config.validate import need_critic
     from rlflow.data.tasks import ensure_task_files
     from rlflow.models.loader import load_model_config
     from rlflow.models.tiny import TINY_MODEL_SENTINEL, resolve_model_path
@@ -67,6 +69,7 @@ def prepare_config(cfg: DictConfig, build_warm_start: bool = True) -> DictConfig
         cfg, num_attention_heads=hf.num_attention_heads, num_key_value_heads=hf.num_key_value_heads
     )
     check_router_losses(cfg, hf)
+    check_lora_targets(cfg, critic=need_critic(cfg))
     if actor_warm and build_warm_start:
         model.path = ensure_warm_start(actor_warm)
     if critic_warm and build_warm_start:

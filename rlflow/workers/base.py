@@ -25,7 +25,12 @@ from rlflow.models.lora import merge_lora_state_dict
 from rlflow.models.peft_adapter import ADAPTER_DIR, save_peft_adapter
 from rlflow.parallel.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from rlflow.parallel.distributed import current_device
-from rlflow.parallel.sharded import iter_full_params, load_optimizer_to_device, offload_optimizer_to_cpu
+from rlflow.parallel.sharded import (
+    clean_param_name,
+    iter_full_params,
+    load_optimizer_to_device,
+    offload_optimizer_to_cpu,
+)
 from rlflow.protocol import DataProto
 from rlflow.single_controller import Dispatch, Worker, register
 from rlflow.single_controller.profiling import ProfileSelection
@@ -70,6 +75,7 @@ class RoleWorker(Worker):
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: Any = None
         self.layout: RoleLayout | None = None
+        self.model_kind = ""  # "causal_lm" or "value", set by _build
 
     def profile_sections(self) -> list[tuple[Any, frozenset[str] | None]]:
         """``(config section with profile_ranks / profile_ranks_all / profile_discrete, the methods it
@@ -91,6 +97,7 @@ class RoleWorker(Worker):
         seed = int(self.config.trainer.seed)
         torch.manual_seed(seed)
         self.layout = layout
+        self.model_kind = kind
         self.parallel = setup_role_parallel(self.world_size, layout, _hf_config(layout.model))
         self.device = current_device()
         dims = self.parallel.dims
@@ -176,15 +183,34 @@ class RoleWorker(Worker):
 
     def _save_lora_adapter(self, out_dir: str) -> None:
         """The adapters in PEFT's format (``lora_adapter/``, what ``PeftModel.from_pretrained`` and
-        ``lora_adapter_path`` load); gathered one parameter at a time, only the adapters kept (collective)."""
+        ``lora_adapter_path`` load); gathered one parameter at a time, only the adapters kept, and the
+        parameters that train in full beside them (a value model's head: PEFT's ``modules_to_save`` of a
+        ``TOKEN_CLS`` adapter) (collective)."""
+        in_full = {
+            clean_param_name(n)
+            for n, p in self.module.named_parameters()
+            if p.requires_grad and n.rpartition(".")[2] not in ("lora_A", "lora_B")
+        }
         pairs: dict[str, dict[str, torch.Tensor]] = {}
+        saved_in_full: dict[str, torch.Tensor] = {}
         for name, tensor in iter_full_params(self.module):
             prefix, _, leaf = name.rpartition(".")
-            if leaf in ("lora_A", "lora_B") and self.rank == 0:
+            if self.rank != 0:
+                continue
+            if leaf in ("lora_A", "lora_B"):
                 pairs.setdefault(prefix, {})[leaf] = tensor.cpu()
+            elif name in in_full:
+                saved_in_full[name] = tensor.cpu()
         if self.rank == 0:
             adapters = {n: (p["lora_A"], p["lora_B"]) for n, p in pairs.items()}
-            save_peft_adapter(out_dir, adapters, self.layout.lora, model_path(self.layout.model))
+            save_peft_adapter(
+                out_dir,
+                adapters,
+                self.layout.lora,
+                model_path(self.layout.model),
+                saved_in_full,
+                "TOKEN_CLS" if self.model_kind == "value" else "CAUSAL_LM",
+            )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:

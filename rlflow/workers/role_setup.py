@@ -16,14 +16,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from tensordict import TensorDict
-from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from rlflow.config.schema import FSDPConfig, PPOTrainerConfig
 from rlflow.models.attention import set_packed_attention
 from rlflow.models.cpu_linear import install_onednn_linear, resolve_cpu_linear_kernel
 from rlflow.models.fused_head import install_fused_head
-from rlflow.models.loader import load_causal_lm, load_model_config, load_value_model
-from rlflow.models.lora import LoRASpec, inject_lora
+from rlflow.models.loader import load_causal_lm, load_value_model, meta_model
+from rlflow.models.lora import LoRASpec, inject_lora, module_selection, output_head
 from rlflow.models.peft_adapter import adapter_spec, apply_peft_adapter
 from rlflow.models.tiny import resolve_model_path
 from rlflow.parallel.dims import ParallelDims
@@ -81,8 +80,8 @@ class RoleLayout:
         fsdp: the ``fsdp_config`` section.
         timeout_s: the role's process-group timeout in seconds (verl's ``nccl_timeout``; the gloo
             group's too); None keeps torch's default.
-        lora: the LoRA adapters to add before sharding (the actor with ``model.lora_rank > 0``); None
-            trains every weight.
+        lora: the LoRA adapters to add before sharding (a role with ``model.lora_rank > 0``; a value
+            model's head trains in full beside them); None trains every weight.
         cpu_linear_kernel: ``trainer.cpu_linear_kernel`` (`rlflow.models.cpu_linear`): auto | aten | onednn.
     """
 
@@ -96,21 +95,24 @@ class RoleLayout:
     cpu_linear_kernel: str = "aten"
 
 
-def lora_spec(model: Any) -> LoRASpec | None:
-    """The actor's adapters from ``actor_rollout_ref.model``: those of the PEFT adapter at
-    ``lora_adapter_path`` when set (its rank, alpha and targets; verl's meaning), else ``lora_rank`` /
-    ``lora_alpha`` / ``target_modules`` / ``exclude_modules``; None when ``lora_rank`` is 0 and no adapter
-    is given."""
+def lora_spec(model: Any, key_prefix: str = "actor_rollout_ref.model") -> LoRASpec | None:
+    """A role's adapters from its ``model`` section (``actor_rollout_ref.model`` or ``critic.model``): those
+    of the PEFT adapter at ``lora_adapter_path`` when set (the actor's key; its rank, alpha and targets,
+    verl's meaning), else ``lora_rank`` / ``lora_alpha`` / ``target_modules`` / ``exclude_modules`` (the
+    actor's only); None when ``lora_rank`` is 0 and no adapter is given."""
     # every LoRA key is read whatever the rank: accepted keys are read (tests/config/test_config_reads.py)
     rank, alpha = int(model.lora_rank), float(model.lora_alpha)
-    targets, excluded = model.target_modules, model.exclude_modules
-    if model.lora_adapter_path is not None:
-        spec = adapter_spec(os.path.expanduser(model.lora_adapter_path))
+    targets = model.target_modules
+    excluded = getattr(model, "exclude_modules", None)
+    adapter_path = getattr(model, "lora_adapter_path", None)
+    if adapter_path is not None:
+        spec = adapter_spec(os.path.expanduser(adapter_path))
         if rank not in (0, spec.rank) or alpha != spec.alpha:
             logger.warning(
-                "actor_rollout_ref.model.lora_adapter_path=%s: the adapter's r=%d, lora_alpha=%s and "
-                "target_modules are used (lora_rank=%d, lora_alpha=%s are not)",
-                model.lora_adapter_path,
+                "%s.lora_adapter_path=%s: the adapter's r=%d, lora_alpha=%s and target_modules are used "
+                "(lora_rank=%d, lora_alpha=%s are not)",
+                key_prefix,
+                adapter_path,
                 spec.rank,
                 spec.alpha,
                 rank,
@@ -119,11 +121,13 @@ def lora_spec(model: Any) -> LoRASpec | None:
         return spec
     if rank == 0:
         return None
-
-    def names(value: Any) -> str | tuple[str, ...]:
-        return value if isinstance(value, str) else tuple(str(v) for v in value)
-
-    return LoRASpec(rank, alpha, names(targets), None if excluded is None else names(excluded))
+    return LoRASpec(
+        rank,
+        alpha,
+        module_selection(targets),
+        None if excluded is None else module_selection(excluded),
+        key_prefix=key_prefix,
+    )
 
 
 def actor_layout(config: PPOTrainerConfig) -> RoleLayout:
@@ -169,7 +173,7 @@ def ref_layout(config: PPOTrainerConfig) -> RoleLayout:
 
 
 def critic_layout(config: PPOTrainerConfig) -> RoleLayout:
-    """The critic's own layout (``critic`` section)."""
+    """The critic's own layout (``critic`` section), with LoRA adapters when ``critic.model.lora_rank > 0``."""
     critic = config.critic
     return RoleLayout(
         "critic",
@@ -178,7 +182,8 @@ def critic_layout(config: PPOTrainerConfig) -> RoleLayout:
         critic.ulysses_sequence_parallel_size,
         critic.fsdp_config,
         float(critic.nccl_timeout),
-        cpu_linear_kernel=config.trainer.cpu_linear_kernel,
+        lora_spec(critic.model, "critic.model"),
+        config.trainer.cpu_linear_kernel,
     )
 
 
@@ -212,18 +217,6 @@ def setup_role_parallel(world_size: int, layout: RoleLayout, hf_config: Any) -> 
     ).build_meshes()
     sp_group = dims.ulysses_mesh["sp"].get_group() if layout.sp_size > 1 else None
     return RoleParallel(dims, dims.ulysses_mesh["dp"].get_group(), sp_group, dist.group.WORLD)
-
-
-def _meta_model(
-    kind: str, path: str, trust_remote_code: bool, override_config: dict[str, Any]
-) -> torch.nn.Module:
-    config = load_model_config(path, trust_remote_code, override_config)
-    with torch.device("meta"):
-        if kind == "value":
-            config.num_labels = 1
-            config.classifier_dropout = 0.0
-            return AutoModelForTokenClassification.from_config(config, trust_remote_code=trust_remote_code)
-        return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
 
 
 def check_layer_classes(model: torch.nn.Module, layout: RoleLayout) -> None:
@@ -266,7 +259,7 @@ def build_role_module(
 
     def load_fn(device: torch.device) -> torch.nn.Module:
         if device.type == "meta":
-            model = _meta_model(kind, path, trust, overrides)
+            model = meta_model(kind, path, trust, overrides)
         elif kind == "value":
             model = load_value_model(
                 path, attn_implementation=attn, trust_remote_code=trust, seed=seed, override_config=overrides
@@ -281,7 +274,7 @@ def build_role_module(
         if weight_dtype != torch.float32:  # fsdp_config.model_dtype: before the adapters, which follow it
             model.to(weight_dtype)
         if layout.lora is not None:
-            inject_lora(model, layout.lora, seed)
+            inject_lora(model, layout.lora, seed, trainable=[output_head(model)] if kind == "value" else [])
             adapter = getattr(model_cfg, "lora_adapter_path", None)
             if adapter is not None and device.type != "meta":
                 apply_peft_adapter(model, os.path.expanduser(adapter))

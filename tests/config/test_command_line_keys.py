@@ -40,7 +40,6 @@ def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, me
             "reward_model.sandbox_fusion_url=ftp://x",  # verl's older key of reward_model.sandbox_fusion.url
             "reward_model.sandbox_fusion.url='ftp://x' must be an http:// or https:// URL",
         ),
-        ("critic.model.lora_rank=32", "LoRA adapters are for the actor only"),
         (
             "actor_rollout_ref.model.lora_adapter_path=/adapter",
             "actor_rollout_ref.model.lora_adapter_path='/adapter': not a PEFT adapter directory",

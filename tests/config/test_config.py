@@ -356,6 +356,18 @@ BAD_CONFIGS = [
         "actor_rollout_ref.ref.sync_ref_model=true with LoRA adapters on the actor "
         "(actor_rollout_ref.model.lora_rank=8)",
     ),
+    # LoRA on the critic
+    (["critic.model.lora_rank=-2"], {}, "critic.model.lora_rank=-2 must be >= 0"),
+    (
+        ["critic.model.lora_rank=8", "critic.model.lora_alpha=-1"],
+        {},
+        "critic.model.lora_alpha=-1.0 must be > 0",
+    ),
+    (
+        ["critic.model.lora_rank=8", "critic.model.target_modules=''"],
+        {},
+        "critic.model.target_modules='': give module-name suffixes",
+    ),
     (
         ["custom_reward_function.path={reward}", "custom_reward_function.name=nope"],
         {},

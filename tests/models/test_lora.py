@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 from torch import nn
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
 
 from rlflow.models.lora import (
     LoRALinear,
@@ -24,6 +24,7 @@ from rlflow.models.lora import (
     lora_targets,
     merge_lora_state_dict,
     merge_lora_stream,
+    output_head,
 )
 from rlflow.parallel.distributed import spawn_workers
 
@@ -99,6 +100,35 @@ def test_adapted_model_starts_equal_to_the_base_model_and_only_adapters_train():
             assert param.grad is not None and param.grad.abs().max() == 0, name
         else:
             assert param.grad is None, name
+
+
+def test_a_value_models_head_is_never_adapted_and_trains_in_full_beside_the_adapters():
+    """The critic's LoRA (``critic.model.lora_rank``): ``all-linear`` leaves the value head ``score``
+    out, ``trainable=[head]`` keeps it trainable; the adapted critic starts with the base values."""
+    config = _config()
+    config.num_labels = 1
+    torch.manual_seed(0)
+    base = Qwen2ForTokenClassification(config).eval()
+    model = Qwen2ForTokenClassification(config).eval()
+    model.load_state_dict(base.state_dict())
+    head = output_head(model)
+    assert head is model.score
+    names = inject_lora(model, LoRASpec(rank=2, alpha=4.0, key_prefix="critic.model"), trainable=[head])
+    assert "score" not in names and len(names) == 2 * len(LINEARS_PER_LAYER)
+    assert not isinstance(model.score, LoRALinear)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {"score.weight", "score.bias"} | {
+        f"{n}.{leaf}" for n in names for leaf in ("lora_A", "lora_B")
+    }
+    ids = _ids()
+    assert torch.equal(model(ids).logits, base(ids).logits)
+    model(ids).logits.square().mean().backward()
+    assert model.score.weight.grad.abs().max() > 0
+    assert all(p.grad is None for n, p in model.named_parameters() if n not in trainable)
+    with pytest.raises(ValueError, match=r"^critic\.model\.target_modules=\('nothing',\)"):
+        lora_targets(
+            model, LoRASpec(rank=2, alpha=4.0, target_modules=("nothing",), key_prefix="critic.model")
+        )
 
 
 def test_same_seed_same_adapters_and_init_bound():

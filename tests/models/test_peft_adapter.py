@@ -134,6 +134,38 @@ def test_an_adapter_rlflow_saved_loads_in_peft_with_the_same_logits(tmp_path):
             )
 
 
+def test_a_value_model_adapter_rlflow_saved_loads_in_peft_with_its_head_and_the_same_values(tmp_path):
+    """The critic's adapter (``critic/lora_adapter``): a ``TOKEN_CLS`` adapter with the value head among
+    ``modules_to_save``; PEFT loads it on the untrained value model and computes rlflow's values."""
+    from transformers import Qwen2ForTokenClassification
+
+    from rlflow.models.lora import output_head
+
+    def value_model() -> Qwen2ForTokenClassification:
+        config = _base().config
+        config.num_labels = 1
+        torch.manual_seed(11)
+        return Qwen2ForTokenClassification(config).to(torch.float64).eval()
+
+    model = value_model()
+    spec = LoRASpec(rank=2, alpha=4.0, key_prefix="critic.model")
+    inject_lora(model, spec, trainable=[output_head(model)])
+    _randomize([m.lora_B for m in model.modules() if isinstance(m, LoRALinear)], seed=7)
+    _randomize([model.score.weight, model.score.bias], seed=8)  # the head trained too
+    adapters = {n: (m.lora_A, m.lora_B) for n, m in model.named_modules() if isinstance(m, LoRALinear)}
+    head = {"score.weight": model.score.weight, "score.bias": model.score.bias}
+    out = save_peft_adapter(tmp_path / "lora_adapter", adapters, spec, "/models/base", head, "TOKEN_CLS")
+    config = json.loads((tmp_path / "lora_adapter" / ADAPTER_CONFIG).read_text())
+    assert (config["task_type"], config["modules_to_save"]) == ("TOKEN_CLS", ["score"])
+
+    base = value_model()
+    assert not torch.equal(base.score.weight, model.score.weight)
+    loaded = peft.PeftModel.from_pretrained(base, out).eval()
+    with torch.no_grad():
+        expected = model.eval()(_ids()).logits
+        torch.testing.assert_close(loaded(_ids()).logits, expected, rtol=0, atol=1e-10)
+
+
 def _edit(path: str, **fields) -> str:
     file = f"{path}/{ADAPTER_CONFIG}"
     with open(file) as f:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+
+import pytest
 
 from rlflow.trainer.check_config import check_config, main, summary
 
@@ -63,3 +66,29 @@ def test_verls_defaults_name_the_demo_config_and_a_cluster_validates_them(capsys
     )
     assert main(["--config-name"]) == 1
     assert "--config-name needs a config name" in capsys.readouterr().err
+
+
+def test_lora_target_modules_that_select_nothing_fail_before_ray_naming_the_role():
+    """Each role's LoRA selection is matched against its architecture (built on ``meta``) before Ray
+    starts; the value head is never adapted (it trains in full), so targeting it selects nothing."""
+    for overrides, message in (
+        (
+            ["critic.model.lora_rank=4", "critic.model.target_modules=[score]"],
+            "critic.model.target_modules=('score',) (exclude_modules=None) matches no linear layer of "
+            "Qwen2ForTokenClassification; linear layers: ['down_proj', 'gate_proj', 'k_proj', 'o_proj', "
+            "'q_proj', 'up_proj', 'v_proj'] (the output layer 'score' is never adapted)",
+        ),
+        (
+            ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.target_modules=[qproj]"],
+            "actor_rollout_ref.model.target_modules=('qproj',) (exclude_modules=None) matches no linear "
+            "layer of Qwen2ForCausalLM",
+        ),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            check_config(overrides, "demo")
+    # a selection that matches is accepted, and a critic that does not run is not checked
+    check_config(["critic.model.lora_rank=4", "critic.model.target_modules=[q_proj,v_proj]"], "demo")
+    check_config(
+        ["critic.model.lora_rank=4", "critic.model.target_modules=[nothing]", "algorithm.adv_estimator=grpo"],
+        "demo",
+    )
