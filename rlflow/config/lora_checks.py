@@ -10,7 +10,7 @@ import os
 from omegaconf import DictConfig, ListConfig
 
 from rlflow.config.checks import at_least, flag, positive, value_at
-from rlflow.models.peft_adapter import check_peft_adapter
+from rlflow.models.peft_adapter import adapter_spec, check_peft_adapter
 
 __all__ = ["check_lora", "check_lora_targets"]
 
@@ -67,28 +67,43 @@ def check_lora(cfg: DictConfig) -> None:
         )
 
 
-def check_lora_targets(cfg: DictConfig, critic: bool) -> None:
-    """With ``lora_rank > 0`` (and no ``lora_adapter_path``, whose own names are checked when it loads), a
-    role's ``target_modules`` (after ``exclude_modules``) must select a linear layer of its model: checked
-    on the architecture built on the ``meta`` device from the HF config, so a wrong list fails before Ray
-    starts, naming the key and the model's linear layers (`rlflow.models.lora.lora_targets`). Call it once
-    the model paths are resolved; ``critic``: the run has a critic."""
+def check_lora_targets(cfg: DictConfig, critic: bool) -> dict[str, dict[str, int]]:
+    """The layers each role's LoRA adapters go on, found on its architecture built on the ``meta`` device
+    from the HF config (no weights read), so that a ``target_modules`` (after ``exclude_modules``) that
+    selects no linear layer fails before Ray starts, naming the key and the model's linear layers
+    (`rlflow.models.lora.lora_targets`). A ``lora_adapter_path`` gives the actor's adapters its own rank
+    and targets. Call it once the model paths are resolved.
+
+    Args:
+        cfg: the composed config.
+        critic: the run has a critic.
+
+    Returns:
+        ``{"actor" | "critic": {adapted module name: rank}}`` for the roles with adapters.
+    """
     from rlflow.models.loader import meta_model
     from rlflow.models.lora import LoRASpec, lora_targets, module_selection
 
-    roles = [(MODEL, "causal_lm", cfg.actor_rollout_ref.model)]
+    roles = [("actor", MODEL, "causal_lm", cfg.actor_rollout_ref.model)]
     if critic:
-        roles.append((CRITIC_MODEL, "value", cfg.critic.model))
-    for key, kind, model in roles:
-        if int(model.lora_rank) == 0 or model.get("lora_adapter_path") is not None:
+        roles.append(("critic", CRITIC_MODEL, "value", cfg.critic.model))
+    adapters: dict[str, dict[str, int]] = {}
+    for role, key, kind, model in roles:
+        path = model.get("lora_adapter_path")
+        if path is not None:
+            spec = adapter_spec(os.path.expanduser(str(path)))
+        elif int(model.lora_rank) > 0:
+            excluded = model.get("exclude_modules")
+            spec = LoRASpec(
+                int(model.lora_rank),
+                float(model.lora_alpha),
+                module_selection(model.target_modules),
+                None if excluded is None else module_selection(excluded),
+                key_prefix=key,
+            )
+        else:
             continue
-        excluded = model.get("exclude_modules")
-        spec = LoRASpec(
-            int(model.lora_rank),
-            float(model.lora_alpha),
-            module_selection(model.target_modules),
-            None if excluded is None else module_selection(excluded),
-            key_prefix=key,
-        )
         overrides = dict(model.override_config or {})
-        lora_targets(meta_model(kind, str(model.path), bool(model.trust_remote_code), overrides), spec)
+        built = meta_model(kind, str(model.path), bool(model.trust_remote_code), overrides)
+        adapters[role] = {name: spec.rank for name, _ in lora_targets(built, spec)}
+    return adapters

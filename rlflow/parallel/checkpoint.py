@@ -44,12 +44,14 @@ from rlflow.parallel.sharded import base_model_class, get_full_state_dict, is_fs
 
 __all__ = [
     "COMPLETE_MARKER",
+    "check_model_matches",
     "export_hf",
     "find_latest_checkpoint",
     "get_rng_state",
     "is_checkpoint_complete",
     "load_checkpoint",
     "save_checkpoint",
+    "saved_model_shapes",
     "saved_world_size",
     "set_rng_state",
 ]
@@ -208,6 +210,60 @@ def save_checkpoint(
     return str(target)
 
 
+def saved_model_shapes(ckpt_dir: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """``{parameter or buffer name: global shape}`` of the model a checkpoint holds, from its DCP metadata
+    (no tensor is read; usable before any process group exists)."""
+    reader = dcp.FileSystemReader(str(Path(ckpt_dir) / _MODEL_OPTIM_DIR))
+    return {
+        key.removeprefix("model."): tuple(entry.size)
+        for key, entry in reader.read_metadata().state_dict_metadata.items()
+        if key.startswith("model.") and hasattr(entry, "size")
+    }
+
+
+def _listed(names: set[str], limit: int = 3) -> str:
+    shown = ", ".join(sorted(names)[:limit])
+    return shown + (", ..." if len(names) > limit else "")
+
+
+def check_model_matches(ckpt_dir: str | os.PathLike, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Refuse to load a checkpoint whose model is not this one: DCP ignores tensors the model lacks (a
+    checkpoint's LoRA adapters loaded into a model without them would be dropped without a word) and
+    fails deep inside on missing ones or other shapes.
+
+    Args:
+        ckpt_dir: a checkpoint directory written by `save_checkpoint`.
+        shapes: ``{name: global shape}`` of the model's state dict as DCP sees it.
+
+    Raises:
+        ValueError: naming the tensors that differ (a LoRA hint when adapters are among them).
+    """
+    saved = saved_model_shapes(ckpt_dir)
+    extra, missing = set(saved) - set(shapes), set(shapes) - set(saved)
+    reshaped = {n for n in set(saved) & set(shapes) if saved[n] != tuple(shapes[n])}
+    if not (extra or missing or reshaped):
+        return
+    problems = []
+    if extra:
+        problems.append(f"it holds {len(extra)} tensors this model lacks ({_listed(extra)})")
+    if missing:
+        problems.append(f"it lacks {len(missing)} tensors of this model ({_listed(missing)})")
+    if reshaped:
+        problems.append(
+            "other shapes: "
+            + ", ".join(f"{n}: {saved[n]} saved, {tuple(shapes[n])} here" for n in sorted(reshaped)[:3])
+        )
+    hint = ""
+    if any(".lora_" in n for n in extra | missing | reshaped):
+        hint = (
+            "; its LoRA adapters differ from this run's: give the role the lora_rank, lora_alpha and "
+            "target_modules it was saved with, or start afresh (trainer.resume_mode=disable)"
+        )
+    raise ValueError(
+        f"{ckpt_dir}: the checkpoint's model is not this run's model: {'; '.join(problems)}{hint}"
+    )
+
+
 def load_checkpoint(
     ckpt_dir: str | os.PathLike,
     model: nn.Module,
@@ -254,6 +310,7 @@ def load_checkpoint(
                 _world_size(),
             )
     model_sd, optim_sd = get_state_dict(model, optimizers=optimizer if optimizer is not None else [])
+    check_model_matches(path, {name: tuple(t.size()) for name, t in model_sd.items()})
     state = {"model": model_sd} if optimizer is None else {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path / _MODEL_OPTIM_DIR), no_dist=not dist.is_initialized())
     set_state_dict(

@@ -24,8 +24,10 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "LATEST_FILE",
     "TrainerCheckpointer",
+    "check_resume_adapters",
     "latest_checkpoint_dir",
     "read_latest_pointer",
+    "resume_dir",
     "saved_steps",
     "write_latest_pointer",
 ]
@@ -69,6 +71,73 @@ def read_latest_pointer(
 def latest_checkpoint_dir(root: str | os.PathLike) -> str | None:
     """The PPO trainer's ``global_step_N`` directory the pointer file names, or None when there is none."""
     return read_latest_pointer(root, lambda path: (path / STATE_FILE).is_file(), STATE_FILE)
+
+
+def resume_dir(mode: str, resume_from_path: Any, root: str | os.PathLike) -> str | None:
+    """Where a run resumes from per ``trainer.resume_mode`` (auto | disable | resume_path): None for a
+    fresh start; under auto, the step the pointer file under ``root`` (``default_local_dir``) names.
+
+    Raises:
+        ValueError: an unknown mode, or a ``resume_from_path`` that is not a complete checkpoint.
+    """
+    if mode == "disable":
+        return None
+    if mode == "resume_path":
+        path = Path(str(resume_from_path))
+        if not (path / STATE_FILE).is_file():
+            raise ValueError(f"trainer.resume_from_path={path}: not a complete checkpoint (no {STATE_FILE})")
+        return str(path)
+    if mode != "auto":
+        raise ValueError(f"trainer.resume_mode={mode!r} must be auto, disable or resume_path")
+    return latest_checkpoint_dir(root)
+
+
+_ADAPTER_KEYS = {"actor": "actor_rollout_ref.model", "critic": "critic.model"}
+
+
+def _adapters(modules: dict[str, int]) -> str:
+    if not modules:
+        return "no LoRA adapters"
+    ranks = sorted(set(modules.values()))
+    return f"LoRA adapters of rank {ranks[0] if len(ranks) == 1 else ranks} on {len(modules)} linear layers"
+
+
+def check_resume_adapters(trainer: Any, adapters: dict[str, dict[str, int]], critic: bool) -> None:
+    """Before Ray starts: the checkpoint a run resumes from holds, for the actor and the critic, the LoRA
+    adapters the run's config gives them (the same adapted layers, the same ranks), else ``ValueError``
+    naming the checkpoint, the role's keys and what to do (a worker would otherwise fail on the
+    mismatched tensors after start-up, `rlflow.parallel.checkpoint.check_model_matches`).
+
+    Args:
+        trainer: the ``trainer`` config (``resume_mode``, ``resume_from_path``, ``default_local_dir``).
+        adapters: ``{"actor" | "critic": {adapted module: rank}}`` of the roles with adapters
+            (`rlflow.config.lora_checks.check_lora_targets`).
+        critic: the run has a critic (else the checkpoint's critic, which it does not load, is not read).
+    """
+    from rlflow.parallel.checkpoint import is_checkpoint_complete, saved_model_shapes
+
+    path = resume_dir(str(trainer.resume_mode), trainer.resume_from_path, str(trainer.default_local_dir))
+    if path is None:
+        return
+    for role, key in _ADAPTER_KEYS.items():
+        role_dir = Path(path) / role
+        if role == "critic" and not critic:
+            continue
+        if not is_checkpoint_complete(role_dir):
+            continue
+        saved = {
+            name.removesuffix(".lora_A"): shape[0]
+            for name, shape in saved_model_shapes(role_dir).items()
+            if name.endswith(".lora_A")
+        }
+        wanted = adapters.get(role, {})
+        if saved != wanted:
+            raise ValueError(
+                f"trainer.resume_mode={trainer.resume_mode}: {role_dir} was saved with {_adapters(saved)}, "
+                f"this run gives the {role} {_adapters(wanted)} ({key}.lora_rank / lora_alpha / "
+                "target_modules): set them as the checkpoint was saved, or start afresh "
+                "(trainer.resume_mode=disable)"
+            )
 
 
 class TrainerCheckpointer:
@@ -127,19 +196,8 @@ class TrainerCheckpointer:
                 shutil.rmtree(step_dir, ignore_errors=True)
 
     def resume_dir(self) -> str | None:
-        """Where to resume from per ``trainer.resume_mode`` (auto | disable | resume_path)."""
-        if self.resume_mode == "disable":
-            return None
-        if self.resume_mode == "resume_path":
-            path = Path(str(self.resume_from_path))
-            if not (path / STATE_FILE).is_file():
-                raise ValueError(
-                    f"trainer.resume_from_path={path}: not a complete checkpoint (no {STATE_FILE})"
-                )
-            return str(path)
-        if self.resume_mode != "auto":
-            raise ValueError(f"trainer.resume_mode={self.resume_mode!r} must be auto, disable or resume_path")
-        return latest_checkpoint_dir(self.root)
+        """Where to resume from per ``trainer.resume_mode`` (`resume_dir`)."""
+        return resume_dir(self.resume_mode, self.resume_from_path, self.root)
 
     def load(self, groups: Any) -> dict[str, Any] | None:
         """Restore every role from the resume directory; returns the driver state (None: fresh start)."""

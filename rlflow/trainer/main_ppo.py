@@ -34,7 +34,10 @@ __all__ = ["build_trainer", "main", "prepare_config", "run_ppo"]
 def prepare_config(cfg: DictConfig, build_warm_start: bool = True) -> DictConfig:
     """Apply the critic config file, turn verl's global micro-batch sizes into per-rank ones (and a
     ``data.gen_batch_size`` without dynamic sampling into the step's size, as verl reads it), fill the
-    embedded defaults (the warm-started tiny model of ``data.task``; the synthetic task files) and validate — all before any Ray actor starts. Raises
+    embedded defaults (the warm-started tiny model of ``data.task``; the synthetic task files), validate, and
+    match each role's LoRA selection against its architecture and the resume checkpoint's adapters
+    (`rlflow.config.lora_checks.check_lora_targets`, `rlflow.trainer.checkpointing.check_resume_adapters`)
+    — all before any Ray actor starts. Raises
     ``ValueError`` naming the key path. A warm start is built (once, into the cache) only after the
     config validated: it has the architecture of ``rlflow://tiny``, which stands in for it until then
     (and afterwards too with ``build_warm_start=False``: `rlflow.trainer.check_config`)."""
@@ -45,6 +48,7 @@ def prepare_config(cfg: DictConfig, build_warm_start: bool = True) -> DictConfig
     from rlflow.data.tasks import ensure_task_files
     from rlflow.models.loader import load_model_config
     from rlflow.models.tiny import TINY_MODEL_SENTINEL, resolve_model_path
+    from rlflow.trainer.checkpointing import check_resume_adapters
     from rlflow.trainer.warm_start import ensure_warm_start, warm_start_task
     from rlflow.utils.import_utils import import_external_libs
 
@@ -69,7 +73,8 @@ def prepare_config(cfg: DictConfig, build_warm_start: bool = True) -> DictConfig
         cfg, num_attention_heads=hf.num_attention_heads, num_key_value_heads=hf.num_key_value_heads
     )
     check_router_losses(cfg, hf)
-    check_lora_targets(cfg, critic=need_critic(cfg))
+    critic_on = need_critic(cfg)
+    check_resume_adapters(cfg.trainer, check_lora_targets(cfg, critic=critic_on), critic=critic_on)
     if actor_warm and build_warm_start:
         model.path = ensure_warm_start(actor_warm)
     if critic_warm and build_warm_start:

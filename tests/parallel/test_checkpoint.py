@@ -209,6 +209,38 @@ def test_incomplete_or_mismatched_checkpoints_are_refused(tmp_path) -> None:
     assert not (tmp_path / "global_step_3.tmp").exists()
 
 
+def test_a_model_that_does_not_match_the_checkpoint_is_refused_naming_the_tensors(tmp_path) -> None:
+    """Loading only the model (``checkpoint.load_contents=[model]``) of a checkpoint with LoRA adapters
+    into a model without them would keep the base weights and drop the trained adapters without a word;
+    the reverse, or another rank, fails deep in DCP. Every mismatch is a ValueError naming the tensors."""
+    from rlflow.models.lora import LoRASpec, inject_lora
+
+    def adapted(rank: int) -> torch.nn.Module:
+        model, _, _ = _plain(0)
+        inject_lora(model, LoRASpec(rank=rank, alpha=8.0, target_modules=("q_proj",)))
+        return model
+
+    ckpt = tmp_path / "lora"
+    save_checkpoint(ckpt, adapted(4))
+    with pytest.raises(
+        ValueError, match=r"holds 6 tensors this model lacks \(model.layers.0.self_attn.q_proj.lora_A, "
+    ):
+        load_checkpoint(ckpt, _plain(0)[0])
+    with pytest.raises(ValueError, match=r"LoRA adapters"):
+        load_checkpoint(ckpt, _plain(0)[0])
+    with pytest.raises(
+        ValueError, match=r"model.layers.0.self_attn.q_proj.lora_A: \(4, 32\) saved, \(2, 32\) here"
+    ):
+        load_checkpoint(ckpt, adapted(2))
+    plain = tmp_path / "plain"
+    save_checkpoint(plain, _plain(0)[0])
+    with pytest.raises(
+        ValueError, match=r"lacks 6 tensors of this model \(model.layers.0.self_attn.q_proj.lora_A, "
+    ):
+        load_checkpoint(plain, adapted(4))
+    load_checkpoint(ckpt, adapted(4))  # the same model loads
+
+
 def test_another_world_size_loads_the_weights_and_skips_the_rng(tmp_path, caplog) -> None:
     """A checkpoint of 2 ranks loads on 1: the weights come back; the per-rank RNG state is skipped."""
     model, _, _ = _plain(0)
