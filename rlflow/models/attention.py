@@ -370,6 +370,10 @@ def packed_attention_forward(
     position_ids = kwargs.get("position_ids")
     if position_ids is None:
         raise ValueError(f"{PACKED_ATTENTION} needs position_ids to find the packed sequences")
+    if position_ids.shape[0] == 1 and query.shape[0] > 1:
+        # a (b, s) batch called without positions: transformers passes one row for all; every row is then
+        # one sequence of its own
+        position_ids = position_ids.expand(query.shape[0], -1)
     if sliding_window is not None:
         raise ValueError(f"{PACKED_ATTENTION} does not support sliding_window={sliding_window}")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)

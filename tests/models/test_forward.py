@@ -203,6 +203,20 @@ def test_sdpa_model_also_packs_with_use_cache_false() -> None:
     torch.testing.assert_close(_masked(out["log_probs"], batch["response_mask"]), ref, rtol=RTOL, atol=ATOL)
 
 
+def test_a_packed_attention_model_called_on_a_batch_without_positions_computes_the_sdpa_model() -> None:
+    """A user calling the trained module on a (b, s) batch directly (no ``position_ids``; transformers then
+    gives one shared (1, s) row of positions) gets every row attended, as with ``sdpa``: it used to attend
+    the first row only and fail on the output's shape."""
+    packed, _ = _models()
+    sdpa, _ = _models(attn="sdpa")
+    ids = torch.randint(3, 300, (3, 7), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = sdpa(input_ids=ids, use_cache=False).logits
+        for kwargs in ({}, {"attention_mask": torch.ones_like(ids)}):
+            got = packed(input_ids=ids, use_cache=False, **kwargs).logits
+            torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+
+
 def test_tensordict_micro_batch() -> None:
     actor, _ = _models()
     batch = _batch()
