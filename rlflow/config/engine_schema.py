@@ -1,4 +1,5 @@
-"""The sections every trained role shares: its optimizer (``*.optim``) and its sharding (``*.fsdp_config``).
+"""The sections every trained role shares: its optimizer (``*.optim``), its sharding (``*.fsdp_config``) and
+its model's tiled MLP (``*.model.tiled_mlp``).
 
 Re-exported by `rlflow.config.schema` (where the roles' sections use them).
 """
@@ -7,7 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["FSDPConfig", "MegatronConfig", "MixedPrecisionSection", "OptimConfig", "WrapPolicySection"]
+__all__ = [
+    "FSDPConfig",
+    "MegatronConfig",
+    "MixedPrecisionSection",
+    "OptimConfig",
+    "TiledMLPConfig",
+    "WrapPolicySection",
+]
 
 
 @dataclass
@@ -134,3 +142,20 @@ class MegatronConfig:
     expert_tensor_parallel_size: int | None = None
     use_dist_checkpointing: bool = False
     dist_checkpointing_path: str | None = None
+
+
+@dataclass
+class TiledMLPConfig:
+    """``model.tiled_mlp`` (actor, critic, SFT): each decoder layer's MLP over the tokens in pieces
+    (`rlflow.models.tiled_mlp`).
+
+    Attributes:
+        enabled: run the MLP in ``num_shards`` pieces, each under activation checkpointing: its
+            ``tokens x intermediate_size`` activations exist for one piece at a time, for one more MLP
+            forward per training step. The same outputs and gradients up to float rounding. Dense MLP
+            blocks only (mixture-of-experts blocks are refused).
+        num_shards: pieces per forward (>= 1).
+    """
+
+    enabled: bool = False
+    num_shards: int = 4

@@ -1,7 +1,6 @@
 """Checks of the LoRA keys of the actor (``actor_rollout_ref.model.lora_*``) and the critic
-(``critic.model.lora_rank`` / ``lora_alpha`` / ``target_modules``): `check_lora`, used by `config_validate`,
-and `check_lora_targets`, which `rlflow.trainer.main_ppo.prepare_config` runs on the models' architectures
-before Ray starts."""
+(``critic.model.lora_rank`` / ``lora_alpha`` / ``target_modules``), used by `config_validate`; what they
+select on each model is checked by `rlflow.config.architecture_checks`."""
 
 from __future__ import annotations
 
@@ -10,9 +9,9 @@ import os
 from omegaconf import DictConfig, ListConfig
 
 from rlflow.config.checks import at_least, flag, positive, value_at
-from rlflow.models.peft_adapter import adapter_spec, check_peft_adapter
+from rlflow.models.peft_adapter import check_peft_adapter
 
-__all__ = ["check_lora", "check_lora_targets"]
+__all__ = ["CRITIC_MODEL", "MODEL", "check_lora"]
 
 MODEL = "actor_rollout_ref.model"
 CRITIC_MODEL = "critic.model"
@@ -65,45 +64,3 @@ def check_lora(cfg: DictConfig) -> None:
             "base model and the actor trains only its adapters, so there is nothing to move into the "
             "reference; set sync_ref_model=false (or lora_rank=0)"
         )
-
-
-def check_lora_targets(cfg: DictConfig, critic: bool) -> dict[str, dict[str, int]]:
-    """The layers each role's LoRA adapters go on, found on its architecture built on the ``meta`` device
-    from the HF config (no weights read), so that a ``target_modules`` (after ``exclude_modules``) that
-    selects no linear layer fails before Ray starts, naming the key and the model's linear layers
-    (`rlflow.models.lora.lora_targets`). A ``lora_adapter_path`` gives the actor's adapters its own rank
-    and targets. Call it once the model paths are resolved.
-
-    Args:
-        cfg: the composed config.
-        critic: the run has a critic.
-
-    Returns:
-        ``{"actor" | "critic": {adapted module name: rank}}`` for the roles with adapters.
-    """
-    from rlflow.models.loader import meta_model
-    from rlflow.models.lora import LoRASpec, lora_targets, module_selection
-
-    roles = [("actor", MODEL, "causal_lm", cfg.actor_rollout_ref.model)]
-    if critic:
-        roles.append(("critic", CRITIC_MODEL, "value", cfg.critic.model))
-    adapters: dict[str, dict[str, int]] = {}
-    for role, key, kind, model in roles:
-        path = model.get("lora_adapter_path")
-        if path is not None:
-            spec = adapter_spec(os.path.expanduser(str(path)))
-        elif int(model.lora_rank) > 0:
-            excluded = model.get("exclude_modules")
-            spec = LoRASpec(
-                int(model.lora_rank),
-                float(model.lora_alpha),
-                module_selection(model.target_modules),
-                None if excluded is None else module_selection(excluded),
-                key_prefix=key,
-            )
-        else:
-            continue
-        overrides = dict(model.override_config or {})
-        built = meta_model(kind, str(model.path), bool(model.trust_remote_code), overrides)
-        adapters[role] = {name: spec.rank for name, _ in lora_targets(built, spec)}
-    return adapters

@@ -26,6 +26,7 @@ from rlflow.config.engine_schema import (
     MegatronConfig,
     MixedPrecisionSection,
     OptimConfig,
+    TiledMLPConfig,
     WrapPolicySection,
 )
 from rlflow.config.interpolation import II
@@ -62,6 +63,7 @@ __all__ = [
     "RewardModelConfig",
     "RewardModelPathConfig",
     "RolloutSection",
+    "TiledMLPConfig",
     "TrainerConfig",
     "ValKwargsSection",
     "WrapPolicySection",
@@ -184,6 +186,7 @@ class ModelConfig:
             ``target_modules``, its matrices are the adapters' start (`rlflow.models.peft_adapter`); the
             reference stays the base model. Every actor checkpoint writes its adapters in this format to
             ``actor/lora_adapter``.
+        tiled_mlp: the decoder layers' MLP in pieces (`TiledMLPConfig`); actor and reference.
     """
 
     path: str | None = None
@@ -203,6 +206,7 @@ class ModelConfig:
     target_modules: Any = "all-linear"
     exclude_modules: Any = None
     lora_adapter_path: str | None = None
+    tiled_mlp: TiledMLPConfig = field(default_factory=TiledMLPConfig)
 
 
 @dataclass
@@ -376,6 +380,7 @@ class CriticModelConfig:
         lora_alpha: the adapters' scale is ``lora_alpha / lora_rank``.
         target_modules: ``all-linear`` (every linear layer but the value head), a list of module-name
             suffixes (``[q_proj, v_proj]``) or one regular expression matched against whole module names.
+        tiled_mlp: as the actor's (`TiledMLPConfig`), for the value model.
     """
 
     path: str | None = II("actor_rollout_ref.model.path")
@@ -390,6 +395,7 @@ class CriticModelConfig:
     lora_rank: int = 0
     lora_alpha: float = 16
     target_modules: Any = "all-linear"
+    tiled_mlp: TiledMLPConfig = field(default_factory=TiledMLPConfig)
 
 
 @dataclass

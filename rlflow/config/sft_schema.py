@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlflow.config.engine_schema import MixedPrecisionSection, WrapPolicySection
+from rlflow.config.engine_schema import MixedPrecisionSection, TiledMLPConfig, WrapPolicySection
 
 __all__ = [
     "SFT_SCHEMA_NAME",
@@ -125,6 +125,7 @@ class SFTModelConfig:
         external_lib: a module imported before the model is built (registers custom architectures).
         lora_rank / lora_alpha / target_modules: LoRA (verl); ``lora_rank > 0`` is refused.
         use_liger: Liger kernels (verl); refused.
+        tiled_mlp: the decoder layers' MLP in checkpointed pieces (`rlflow.config.engine_schema.TiledMLPConfig`).
     """
 
     partial_pretrain: str = "rlflow://tiny"
@@ -138,6 +139,7 @@ class SFTModelConfig:
     lora_alpha: int = 16
     target_modules: Any = "all-linear"
     use_liger: bool = False
+    tiled_mlp: TiledMLPConfig = field(default_factory=TiledMLPConfig)
 
 
 @dataclass

@@ -104,6 +104,8 @@ def validate_sft_config(cfg: DictConfig | Any) -> None:
     choice(cfg, "data.truncation", SFT_TRUNCATION_MODES)
     at_least(cfg, "data.max_length", 2)
     choice(cfg, "model.strategy", STRATEGIES)
+    flag(cfg, "model.tiled_mlp.enabled")
+    at_least(cfg, "model.tiled_mlp.num_shards", 1)
     for part in ("param_dtype", "reduce_dtype", "buffer_dtype"):
         choice(cfg, f"model.fsdp_config.mixed_precision.{part}", sorted(DTYPES))
     positive(cfg, "optim.lr")

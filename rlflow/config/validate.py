@@ -297,6 +297,8 @@ def _check_model(cfg: DictConfig, prefix: str) -> None:
     )
     flag(cfg, f"{prefix}.use_remove_padding")
     flag(cfg, f"{prefix}.use_shared_prompts")
+    flag(cfg, f"{prefix}.tiled_mlp.enabled")
+    at_least(cfg, f"{prefix}.tiled_mlp.num_shards", 1)
 
 
 FUSED_KERNEL_BACKENDS = ("torch",)

@@ -111,7 +111,7 @@ def check_resume_adapters(trainer: Any, adapters: dict[str, dict[str, int]], cri
     Args:
         trainer: the ``trainer`` config (``resume_mode``, ``resume_from_path``, ``default_local_dir``).
         adapters: ``{"actor" | "critic": {adapted module: rank}}`` of the roles with adapters
-            (`rlflow.config.lora_checks.check_lora_targets`).
+            (`rlflow.config.architecture_checks.check_role_architectures`).
         critic: the run has a critic (else the checkpoint's critic, which it does not load, is not read).
     """
     from rlflow.parallel.checkpoint import is_checkpoint_complete, saved_model_shapes

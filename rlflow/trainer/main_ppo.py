@@ -35,14 +35,14 @@ def prepare_config(cfg: DictConfig, build_warm_start: bool = True) -> DictConfig
     """Apply the critic config file, turn verl's global micro-batch sizes into per-rank ones (and a
     ``data.gen_batch_size`` without dynamic sampling into the step's size, as verl reads it), fill the
     embedded defaults (the warm-started tiny model of ``data.task``; the synthetic task files), validate, and
-    match each role's LoRA selection against its architecture and the resume checkpoint's adapters
-    (`rlflow.config.lora_checks.check_lora_targets`, `rlflow.trainer.checkpointing.check_resume_adapters`)
+    check each role's LoRA selection and tiled MLP on its architecture and the resume checkpoint's adapters
+    (`rlflow.config.architecture_checks`, `rlflow.trainer.checkpointing.check_resume_adapters`)
     — all before any Ray actor starts. Raises
     ``ValueError`` naming the key path. A warm start is built (once, into the cache) only after the
     config validated: it has the architecture of ``rlflow://tiny``, which stands in for it until then
     (and afterwards too with ``build_warm_start=False``: `rlflow.trainer.check_config`)."""
+    from rlflow.config.architecture_checks import check_role_architectures
     from rlflow.config.global_sizes import convert_global_micro_batch_sizes, step_size_from_gen_batch_size
-    from rlflow.config.lora_checks import check_lora_targets
     from rlflow.config.megatron_checks import check_router_losses
     from rlflow.config.validate import need_critic
     from rlflow.data.tasks import ensure_task_files
@@ -74,7 +74,7 @@ def prepare_config(cfg: DictConfig, build_warm_start: bool = True) -> DictConfig
     )
     check_router_losses(cfg, hf)
     critic_on = need_critic(cfg)
-    check_resume_adapters(cfg.trainer, check_lora_targets(cfg, critic=critic_on), critic=critic_on)
+    check_resume_adapters(cfg.trainer, check_role_architectures(cfg, critic=critic_on), critic=critic_on)
     if actor_warm and build_warm_start:
         model.path = ensure_warm_start(actor_warm)
     if critic_warm and build_warm_start:

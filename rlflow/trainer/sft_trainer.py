@@ -74,6 +74,7 @@ def sft_layout(config: SFTConfig) -> RoleLayout:
         attn_implementation=m.attn_implementation,
         use_remove_padding=config.use_remove_padding,
         enable_gradient_checkpointing=m.enable_gradient_checkpointing,
+        tiled_mlp=m.tiled_mlp,
     )
     fsdp = FSDPConfig(
         fsdp_size=f.fsdp_size,

@@ -24,6 +24,7 @@ from rlflow.models.fused_head import install_fused_head
 from rlflow.models.loader import load_causal_lm, load_value_model, meta_model
 from rlflow.models.lora import LoRASpec, inject_lora, module_selection, output_head
 from rlflow.models.peft_adapter import adapter_spec, apply_peft_adapter
+from rlflow.models.tiled_mlp import install_tiled_mlp
 from rlflow.models.tiny import resolve_model_path
 from rlflow.parallel.dims import ParallelDims
 from rlflow.parallel.distributed import current_device, init_distributed
@@ -93,6 +94,12 @@ class RoleLayout:
     timeout_s: float | None = None
     lora: LoRASpec | None = None
     cpu_linear_kernel: str = "aten"
+
+
+def model_key(layout: RoleLayout) -> str:
+    """The config section of a role's model: ``actor_rollout_ref.model`` (actor and reference),
+    ``critic.model``, or the SFT trainer's ``model``."""
+    return {"critic": "critic.model", "model": "model"}.get(layout.key_prefix, "actor_rollout_ref.model")
 
 
 def lora_spec(model: Any, key_prefix: str = "actor_rollout_ref.model") -> LoRASpec | None:
@@ -251,6 +258,7 @@ def build_role_module(
     trust = bool(model_cfg.trust_remote_code)
     attn = model_cfg.attn_implementation
     overrides = dict(model_cfg.override_config)
+    tiled, shards = bool(model_cfg.tiled_mlp.enabled), int(model_cfg.tiled_mlp.num_shards)  # both read always
     weight_dtype = to_torch_dtype(layout.fsdp.model_dtype, f"{layout.key_prefix}.fsdp_config.model_dtype")
     onednn = (
         resolve_cpu_linear_kernel(layout.cpu_linear_kernel, current_device().type, torch.get_num_threads())
@@ -280,6 +288,8 @@ def build_role_module(
                 apply_peft_adapter(model, os.path.expanduser(adapter))
         if model_cfg.use_remove_padding:
             set_packed_attention(model)
+        if tiled:
+            install_tiled_mlp(model, shards, f"{model_key(layout)}.tiled_mlp")
         if kind == "causal_lm" and getattr(model_cfg, "use_fused_kernels", False):
             install_fused_head(model)
         if onednn:  # after LoRA and the fused head, which keep their own classes

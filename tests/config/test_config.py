@@ -356,6 +356,13 @@ BAD_CONFIGS = [
         "actor_rollout_ref.ref.sync_ref_model=true with LoRA adapters on the actor "
         "(actor_rollout_ref.model.lora_rank=8)",
     ),
+    # the tiled MLP
+    (
+        ["actor_rollout_ref.model.tiled_mlp.num_shards=0"],
+        {},
+        "actor_rollout_ref.model.tiled_mlp.num_shards=0 must be >= 1",
+    ),
+    (["critic.model.tiled_mlp.num_shards=-1"], {}, "critic.model.tiled_mlp.num_shards=-1 must be >= 1"),
     # LoRA on the critic
     (["critic.model.lora_rank=-2"], {}, "critic.model.lora_rank=-2 must be >= 0"),
     (

@@ -92,3 +92,17 @@ def test_lora_target_modules_that_select_nothing_fail_before_ray_naming_the_role
         ["critic.model.lora_rank=4", "critic.model.target_modules=[nothing]", "algorithm.adv_estimator=grpo"],
         "demo",
     )
+
+
+def test_a_tiled_mlp_on_a_mixture_of_experts_model_fails_before_ray(tmp_path):
+    from tests.tiny_moe_model import save_tiny_moe_model
+
+    moe = save_tiny_moe_model(tmp_path / "moe")
+    overrides = [f"actor_rollout_ref.model.path={moe}", "algorithm.adv_estimator=grpo"]
+    with pytest.raises(
+        ValueError, match=r"^actor_rollout_ref\.model\.tiled_mlp\.enabled=true: \w+ is a mixture"
+    ):
+        check_config([*overrides, "actor_rollout_ref.model.tiled_mlp.enabled=true"], "demo")
+    assert summary(check_config([*overrides, "critic.model.tiled_mlp.enabled=true"], "demo")).startswith(
+        "config OK: grpo"
+    )  # no critic runs: its tiled MLP is not built

@@ -44,15 +44,21 @@ OPTIONS: dict[str, list[str]] = {
         "critic.fsdp_config.param_offload=true",
     ],
     "critic_world1": ["critic.world_size=1"],
+    "tiled_mlp": [
+        "actor_rollout_ref.model.tiled_mlp.enabled=true",
+        "actor_rollout_ref.model.tiled_mlp.num_shards=3",
+        "critic.model.tiled_mlp.enabled=true",
+        "critic.model.tiled_mlp.num_shards=2",
+    ],
     "n4": [],  # rollout.n=4 on 4 prompts (16 responses, as the n=1 cells' 16 prompts)
 }
 
 # A pairwise covering array over the options above, under the rules Ulysses SP needs remove-padding
 # and a critic with SP 2 needs 2 ranks. Generated once, checked by test_matrix_covers_every_pair.
 CELLS: dict[str, tuple[str, ...]] = {
-    "c1": ("actor_sp2", "actor_gc", "fsdp1", "critic_world1"),
-    "c2": ("critic_gc", "dynamic_bsz", "no_rmpad", "param_offload", "n4"),
-    "c3": ("actor_sp2", "critic_sp2", "dynamic_bsz", "fsdp1", "n4"),
+    "c1": ("actor_sp2", "actor_gc", "fsdp1", "critic_world1", "tiled_mlp"),
+    "c2": ("critic_gc", "dynamic_bsz", "no_rmpad", "param_offload", "n4", "tiled_mlp"),
+    "c3": ("actor_sp2", "critic_sp2", "dynamic_bsz", "fsdp1", "n4", "tiled_mlp"),
     "c4": ("critic_sp2", "actor_gc", "critic_gc", "param_offload"),
     "c5": ("critic_gc", "no_rmpad", "fsdp1", "critic_world1", "n4"),
     "c6": ("actor_gc", "dynamic_bsz", "no_rmpad", "critic_world1"),
@@ -61,7 +67,7 @@ CELLS: dict[str, tuple[str, ...]] = {
 }
 # Where GRPO applies (no critic): the actor-side options together, against the GRPO reference.
 GRPO_CELLS: dict[str, tuple[str, ...]] = {
-    "g1": ("actor_sp2", "actor_gc", "dynamic_bsz", "fsdp1", "param_offload"),
+    "g1": ("actor_sp2", "actor_gc", "dynamic_bsz", "fsdp1", "param_offload", "tiled_mlp"),
 }
 
 COMPARED = ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm", "actor/entropy")

@@ -37,9 +37,19 @@ def _losses(tmp_path: Path, name: str) -> dict[int, float]:
 
 @pytest.mark.timeout(600)
 def test_two_ranks_give_the_losses_of_one(tmp_path: Path):
+    """Two ranks with token-budget micro-batches and a tiled MLP compute one rank's losses."""
     run_sft(load_sft_config(_overrides(tmp_path, "one")))
     run_sft(
-        load_sft_config(_overrides(tmp_path, "two", "trainer.n_gpus_per_node=2", "data.use_dynamic_bsz=true"))
+        load_sft_config(
+            _overrides(
+                tmp_path,
+                "two",
+                "trainer.n_gpus_per_node=2",
+                "data.use_dynamic_bsz=true",
+                "model.tiled_mlp.enabled=true",  # and the MLP in pieces: the same losses
+                "model.tiled_mlp.num_shards=3",
+            )
+        )
     )
     one, two = _losses(tmp_path, "one"), _losses(tmp_path, "two")
     assert sorted(one) == sorted(two) == [1, 2, 3, 4]

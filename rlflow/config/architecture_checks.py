@@ -1,0 +1,69 @@
+"""Checks on the roles' model architectures, before Ray starts: each role's model is built on the ``meta``
+device from its HF config (no weights read) when a key acts on its modules, and
+
+* LoRA (``lora_rank`` / ``lora_adapter_path``): ``target_modules`` after ``exclude_modules`` must select a
+  linear layer (`rlflow.models.lora.lora_targets`, naming the key and the model's linear layers);
+* ``tiled_mlp.enabled``: every decoder layer must hold a dense ``mlp`` block
+  (`rlflow.models.tiled_mlp.install_tiled_mlp`; mixture-of-experts blocks are refused).
+
+`rlflow.trainer.main_ppo.prepare_config` runs it once the model paths are resolved.
+"""
+
+from __future__ import annotations
+
+import os
+
+from omegaconf import DictConfig
+
+from rlflow.config.lora_checks import CRITIC_MODEL, MODEL
+
+__all__ = ["check_role_architectures"]
+
+
+def check_role_architectures(cfg: DictConfig, critic: bool) -> dict[str, dict[str, int]]:
+    """Check the actor's (and with ``critic``, the critic's) LoRA selection and tiled MLP on its
+    architecture; a ``lora_adapter_path`` gives the actor's adapters its own rank and targets.
+
+    Args:
+        cfg: the composed config, model paths resolved.
+        critic: the run has a critic.
+
+    Returns:
+        ``{"actor" | "critic": {adapted module name: rank}}`` for the roles with LoRA adapters.
+
+    Raises:
+        ValueError: naming the key whose selection or block the model does not have.
+    """
+    from rlflow.models.loader import meta_model
+    from rlflow.models.lora import LoRASpec, lora_targets, module_selection
+    from rlflow.models.peft_adapter import adapter_spec
+    from rlflow.models.tiled_mlp import install_tiled_mlp
+
+    roles = [("actor", MODEL, "causal_lm", cfg.actor_rollout_ref.model)]
+    if critic:
+        roles.append(("critic", CRITIC_MODEL, "value", cfg.critic.model))
+    adapters: dict[str, dict[str, int]] = {}
+    for role, key, kind, model in roles:
+        path = model.get("lora_adapter_path")
+        spec = None
+        if path is not None:
+            spec = adapter_spec(os.path.expanduser(str(path)))
+        elif int(model.lora_rank) > 0:
+            excluded = model.get("exclude_modules")
+            spec = LoRASpec(
+                int(model.lora_rank),
+                float(model.lora_alpha),
+                module_selection(model.target_modules),
+                None if excluded is None else module_selection(excluded),
+                key_prefix=key,
+            )
+        tiled = bool(model.tiled_mlp.enabled)
+        if spec is None and not tiled:
+            continue
+        overrides = dict(model.override_config or {})
+        built = meta_model(kind, str(model.path), bool(model.trust_remote_code), overrides)
+        if spec is not None:
+            adapters[role] = {name: spec.rank for name, _ in lora_targets(built, spec)}
+        if tiled:
+            install_tiled_mlp(built, int(model.tiled_mlp.num_shards), f"{key}.tiled_mlp")
+    return adapters
