@@ -231,7 +231,10 @@ def _check_tool(entries: dict[str, tuple[str, str]]) -> str | None:
 def _role_overrides(role: str, entries: dict[str, tuple[str, str]], earlier: bool) -> list[str]:
     """The role's profile keys; in verl's earlier layout (``trainer.profile_steps``, no ``global_profiler``)
     a role had no ``enable`` switch: its ``ranks`` / ``all_ranks`` chose the ranks profiled."""
-    default = "true" if earlier and ("ranks" in entries or "all_ranks" in entries) else "false"
+    chosen = ("all_ranks" in entries and parse_bool(*entries["all_ranks"])) or (
+        "ranks" in entries and unquote(entries["ranks"][1]).replace(" ", "") not in ("[]", *_NULL)
+    )
+    default = "true" if earlier and chosen else "false"  # verl's defaults spelled out choose no rank
     enable_key, enable_value = entries.get("enable", (f"{role}.profiler.enable", default))
     if not parse_bool(enable_key, enable_value):
         return []

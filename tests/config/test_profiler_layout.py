@@ -103,6 +103,19 @@ def test_verls_earlier_layout_chooses_ranks_without_an_enable_switch(tmp_path):
     assert got["critic"] == (None, False)
 
 
+def test_verls_default_ranks_spelled_out_profile_nothing():
+    """verl's defaults (``all_ranks=false``, ``ranks=[]``) written out on a command line without
+    ``enable`` choose no rank: nothing is profiled (they were read as a request to profile no rank and
+    refused)."""
+    for overrides in (
+        [f"{A}.profiler.all_ranks=false"],
+        [f"{C}.profiler.ranks=[]", f"{C}.profiler.all_ranks=False"],
+        [f"{REF}.profiler.all_ranks=false", f"{REF}.profiler.ranks=null"],
+    ):
+        got = _profile_keys(overrides)
+        assert all(got[role] == (None, False) for role in ("actor", "rollout", "ref", "critic")), overrides
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
