@@ -215,4 +215,4 @@ def test_migration_guide_names_only_keys_that_exist_or_are_refused() -> None:
             for key, value in _guide_keys(verl):
                 assert _refused(key, value), f"the guide says rlflow has no {key}, but it is accepted"
                 checked += 1
-    assert checked >= 8  # the refused keys the guide lists (a floor: the table was parsed)
+    assert checked >= 5  # the refused keys the guide lists (a floor: the table was parsed)

@@ -53,6 +53,9 @@ target_modules}`` (verl's Megatron LoRA)    target_modules}``
 ``data.filter_overlong_prompts_workers``     dropped, logged (`INERT_COUNTS`): one batched tokenizer call
 Megatron's key renames and inert switches     `rlflow.config.megatron_layout` (`MEGATRON_KEY_ALIASES`,
 (``<role>.megatron.*``)                      `MEGATRON_INERT_FLAGS`)
+verl's switches of features rlflow lacks, at   dropped, logged; another value is refused with what to do
+their off value (agent loop, tracing, PF-PPO,  (`rlflow.config.verl_defaults_only`)
+curriculum sampler, ...)
 ==========================================  ==============================================
 
 The early-2025 spelling (one verl release, e.g. its ``run_deepseek7b_llm_sp2.sh`` at that time) had no
@@ -73,6 +76,7 @@ from rlflow.config.megatron_layout import (
 )
 from rlflow.config.override_syntax import note_once, parse_bool, split_override, unquote
 from rlflow.config.profiler_layout import rewrite_profiler_overrides
+from rlflow.config.verl_defaults_only import drop_default_only
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +149,16 @@ INERT_FLAGS: dict[str, str] = {
         )
         for section in ("actor_rollout_ref.model", "critic.model", "reward_model.model")
     },
+    "data.use_shm": (
+        "verl copies the data files into /dev/shm first; rlflow's driver reads each parquet file once"
+    ),
+    "data.return_multi_modal_inputs": (
+        "rlflow's data is text: a row with an image or video column is refused when the dataset is read"
+    ),
+    "data.return_raw_input_ids": (
+        "a reward model with its own tokenizer re-tokenizes each conversation from its chat messages "
+        "(reward_model.model.input_tokenizer with data.return_raw_chat=true), not from the policy's ids"
+    ),
     "actor_rollout_ref.rollout.multi_stage_wake_up": (
         "SGLang's staged wake-up (weights first, then the KV cache) bounds its peak memory while it wakes; "
         "rlflow's engines (hf, vllm) receive the weights in buckets of "
@@ -245,6 +259,8 @@ def rewrite_overrides(overrides: Iterable[str]) -> list[str]:
             continue
         if key in COEF_ALIASES and rest:
             out.extend(_coef(key, rest.removeprefix("=")))
+            continue
+        if rest.startswith("=") and prefix != "~" and drop_default_only(key, rest.removeprefix("=")):
             continue
         new = canonical_key(key)
         if new != key:

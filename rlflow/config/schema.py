@@ -97,6 +97,8 @@ class DataConfig:
         return_full_prompt: also hand the templated prompt text (``full_prompts``).
         apply_chat_template_kwargs: extra keyword arguments for ``tokenizer.apply_chat_template``.
         shuffle: shuffle the training prompts every epoch.
+        validation_shuffle: the validation prompts in an order drawn from ``seed`` (the same every
+            validation), else in file order.
         seed: seed of the training sampler.
         filter_overlong_prompts: drop (count and log) prompts longer than ``max_prompt_length``.
         truncation: what to do with an overlong prompt that is not filtered: error | left | right | middle.
@@ -126,6 +128,7 @@ class DataConfig:
     return_full_prompt: bool = False
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     shuffle: bool = True
+    validation_shuffle: bool = False
     seed: int = 1
     filter_overlong_prompts: bool = False
     truncation: str = "error"
@@ -413,10 +416,13 @@ class CriticConfig:
         nccl_timeout: seconds a collective of the critic's process group may wait (default: the actor's).
         checkpoint: what the critic's checkpoints hold (`rlflow.config.checkpoint_schema`).
         profile_ranks / profile_ranks_all / profile_discrete: as the actor's.
+        rollout_n: verl's copy of ``actor_rollout_ref.rollout.n`` in the critic's section (the responses
+            per prompt its mini-batches are counted in); it must equal it.
     """
 
     config_path: str | None = None
     enable: bool | None = None
+    rollout_n: int = II("actor_rollout_ref.rollout.n")
     strategy: str = "fsdp2"
     world_size: int | None = None
     model: CriticModelConfig = field(default_factory=CriticModelConfig)

@@ -21,6 +21,9 @@ class TrainerConfig:
         log_dir: None = ``outputs/<project_name>/<experiment_name>``.
         total_training_steps: None = ``total_epochs`` times the steps per epoch.
         save_freq / test_freq: every N steps; -1 = never.
+        val_only: validate once (the resumed checkpoint's policy, or the initial one) and stop without
+            training, whatever ``val_before_train`` says (verl's key; verl ignores it when
+            ``val_before_train`` is false).
         critic_warmup: first steps that train only the critic.
         overlap_updates: run the critic's and the actor's updates of a step at the same time, each rank
             computing with its part of its bundle's CPU threads (the actor ``ceil(t / 2)``, the critic
@@ -78,6 +81,7 @@ class TrainerConfig:
     save_freq: int = -1
     test_freq: int = -1
     val_before_train: bool = True
+    val_only: bool = False
     critic_warmup: int = 0
     overlap_updates: bool | None = None
     cpu_linear_kernel: str = "auto"

@@ -406,6 +406,12 @@ def _check_critic(cfg: DictConfig) -> None:
             raise ValueError(f"trainer.critic_warmup={value_at(cfg, 'trainer.critic_warmup')} needs a critic")
         return
     _check_model(cfg, "critic.model")
+    rollout_n, n = value_at(cfg, "critic.rollout_n"), value_at(cfg, "actor_rollout_ref.rollout.n")
+    if rollout_n != n:
+        raise ValueError(
+            f"critic.rollout_n={rollout_n} must equal actor_rollout_ref.rollout.n={n} (verl's copy of it, the "
+            "responses per prompt the critic's mini-batches count); drop the key or set both"
+        )
     _strategy(cfg, "critic.strategy")
     choice(
         cfg,

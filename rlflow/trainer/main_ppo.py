@@ -106,7 +106,14 @@ def build_data(config: PPOTrainerConfig, tokenizer: Any) -> tuple[Any, Any]:
         num_workers=workers,
     )
     val_bs = int(data.val_batch_size or len(val))
-    val_loader = create_rl_dataloader(val, val_bs, shuffle=False, drop_last=False, num_workers=workers)
+    val_loader = create_rl_dataloader(
+        val,
+        val_bs,
+        shuffle=bool(data.validation_shuffle),
+        seed=int(data.seed),
+        drop_last=False,
+        num_workers=workers,
+    )
     return train_loader, val_loader
 
 

@@ -178,13 +178,15 @@ class RayPPOTrainer:
             self.init_workers()
         self._load_checkpoint()
         last: dict[str, float] = {}
-        if (
-            self.val_dataloader is not None
-            and self.config.trainer.val_before_train
-            and self.global_steps == 0
+        val_only = bool(self.config.trainer.val_only)
+        if self.val_dataloader is not None and (
+            val_only or (self.config.trainer.val_before_train and self.global_steps == 0)
         ):
             last = self._validate()
-            self._log(last, step=0)
+            self._log(last, step=self.global_steps)
+        if val_only:
+            logger.info("trainer.val_only=true: validated at step %d, no training", self.global_steps)
+            return last
         batches = self._prompt_batches()
         with ProgressBar(self.total_training_steps, initial=self.global_steps, disable=None) as bar:
             while self.global_steps < self.total_training_steps:

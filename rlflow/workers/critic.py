@@ -53,7 +53,7 @@ class CriticWorker(RoleWorker):
             self.module,
             self.optimizer,
             update=critic_update_spec(
-                critic, self.config.actor_rollout_ref.rollout.n, dims.dp_size, self.config.trainer.seed
+                critic, critic.rollout_n, dims.dp_size, self.config.trainer.seed
             ),
             forward=log_prob_spec(
                 critic.use_dynamic_bsz,

@@ -22,8 +22,8 @@ from tests.config.keys import ACTOR
         # a key typed under the wrong section: the keys that end the same way come first
         ("critic.sharding.param_offload=true", "(did you mean 'critic.fsdp_config.param_offload' or"),
         (
-            "trainer.ray_wait_register_center_timeout=300",
-            "unknown config key 'trainer.ray_wait_register_center_timeout' — every key",
+            "trainer.quantum_entanglement_factor=300",
+            "unknown config key 'trainer.quantum_entanglement_factor' — every key",
         ),
     ],
 )

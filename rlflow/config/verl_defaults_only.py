@@ -1,0 +1,122 @@
+"""verl keys for features rlflow does not have, accepted at the value that leaves them off.
+
+verl's generated config lists these keys with a default that switches the feature off (an agent loop, a
+curriculum sampler, rollout tracing, PF-PPO...), and ported command lines often spell that default out.
+On the command line (`rlflow.config.aliases.rewrite_overrides`) such a key with its off value is logged
+and dropped; any other value is refused, naming the key, what the feature is and what to do instead.
+`INERT_ANY` keys only mean something beside a refused switch (``skip_dump_dir`` without
+``skip_rollout``), so any value of theirs is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from rlflow.config.override_syntax import note_once, unquote
+
+__all__ = ["DEFAULT_ONLY", "INERT_ANY", "drop_default_only"]
+
+logger = logging.getLogger(__name__)
+
+_NULL = ("null",)
+_FALSE = ("false",)
+_AGENT = (
+    "verl's agent loop (multi-turn rollouts with tools, served engines) is not supported: rlflow's rollout "
+    "is single-turn; drop the key"
+)
+_SCHEDULE = (
+    "verl fills it in with the run's step count; rlflow's learning-rate schedule spans the run's optimizer "
+    "steps (trainer.total_training_steps, or total_epochs x batches): drop the key"
+)
+_TRACE = "verl's rollout tracing (weave / mlflow spans of agent loops) is not supported: drop the key"
+_SAMPLER = (
+    "custom (curriculum) samplers are not supported: the training prompts are shuffled with data.seed "
+    "(data.shuffle); order or subsample the files to steer what a run sees"
+)
+_DATAGEN = "verl's dynamic data generation is not supported: write the parquet files before the run"
+
+DEFAULT_ONLY: dict[str, tuple[tuple[str, ...], str]] = {
+    "actor_rollout_ref.actor.optim.total_training_steps": (("-1",), _SCHEDULE),
+    "critic.optim.total_training_steps": (("-1",), _SCHEDULE),
+    "actor_rollout_ref.rollout.over_sample_rate": (
+        ("0", "0.0"),
+        "verl's agent loop samples extra prompts and aborts the slowest; rlflow generates every prompt of the "
+        "batch: set 0 or drop the key",
+    ),
+    "actor_rollout_ref.rollout.cudagraph_capture_sizes": (
+        _NULL,
+        "the batch sizes verl's vLLM captures CUDA graphs for; rlflow leaves them to vLLM: drop the key",
+    ),
+    "actor_rollout_ref.rollout.trace.backend": (_NULL, _TRACE),
+    "actor_rollout_ref.rollout.trace.token2text": (_FALSE, _TRACE),
+    "actor_rollout_ref.rollout.skip_rollout": (
+        _FALSE,
+        "verl's debugging switch that dumps the first rollouts and replays them; rlflow generates every step "
+        "(trainer.rollout_data_dir writes the rollouts out for inspection): drop the key",
+    ),
+    "actor_rollout_ref.rollout.agent.agent_loop_config_path": (_NULL, _AGENT),
+    "actor_rollout_ref.rollout.agent.custom_async_server.path": (_NULL, _AGENT),
+    "actor_rollout_ref.rollout.agent.custom_async_server.name": (_NULL, _AGENT),
+    "data.sampler.class_path": (_NULL, _SAMPLER),
+    "data.sampler.class_name": (_NULL, _SAMPLER),
+    "data.datagen.path": (_NULL, _DATAGEN),
+    "data.datagen.name": (_NULL, _DATAGEN),
+    "reward_model.max_length": (
+        _NULL,
+        "truncating the reward model's input is not supported: it scores each whole (prompt + response); "
+        "drop the key",
+    ),
+    "reward_model.ulysses_sequence_parallel_size": (
+        ("1",),
+        "the reward model runs as one full copy per rank (forward only): drop the key",
+    ),
+    "algorithm.use_pf_ppo": (
+        _FALSE,
+        "PF-PPO's reweighted resampling of the batch by reward is not supported: drop the key",
+    ),
+    "trainer.esi_redundant_time": (
+        ("0",),
+        "verl saves a checkpoint before an elastic (ESI) instance expires; rlflow saves every "
+        "trainer.save_freq steps: drop the key",
+    ),
+    "trainer.del_local_ckpt_after_load": (
+        _FALSE,
+        "rlflow keeps the local checkpoint it resumed from: drop the key",
+    ),
+}
+"""verl key -> (its off values, lower-case; why rlflow lacks the feature and what to do)."""
+
+INERT_ANY: dict[str, str] = {
+    "actor_rollout_ref.rollout.skip_dump_dir": "it is read only with rollout.skip_rollout=true, which rlflow refuses",
+    "actor_rollout_ref.rollout.agent.num_workers": "verl's agent-loop workers; rlflow's rollout runs in the actor's workers",
+    "algorithm.pf_ppo.reweight_method": "it is read only with algorithm.use_pf_ppo=true, which rlflow refuses",
+    "algorithm.pf_ppo.weight_pow": "it is read only with algorithm.use_pf_ppo=true, which rlflow refuses",
+    "trainer.ray_wait_register_center_timeout": (
+        "how long verl waits for its workers to register; rlflow's worker groups start under their own timeouts"
+    ),
+}
+"""verl key -> why any value of it changes nothing here."""
+
+
+def _normal(value: str) -> str:
+    text = unquote(value).strip().lower()
+    return "null" if text in ("none", "~", "") else text
+
+
+def drop_default_only(key: str, value: str) -> bool:
+    """Whether an override of ``key`` to ``value`` is dropped here (logged once): a `DEFAULT_ONLY` key at
+    its off value or an `INERT_ANY` key; False for every other key.
+
+    Raises:
+        ValueError: a `DEFAULT_ONLY` key at another value, naming the key and what to do.
+    """
+    if key in INERT_ANY:
+        note_once(logger, key, "config key %s=%s changes nothing: %s", key, value, INERT_ANY[key])
+        return True
+    if key not in DEFAULT_ONLY:
+        return False
+    off, why = DEFAULT_ONLY[key]
+    if _normal(value) not in off:
+        raise ValueError(f"{key}={unquote(value)!r}: {why}")
+    note_once(logger, key, "config key %s=%s changes nothing: %s", key, value, why)
+    return True
