@@ -52,9 +52,7 @@ class CriticWorker(RoleWorker):
             critic,
             self.module,
             self.optimizer,
-            update=critic_update_spec(
-                critic, critic.rollout_n, dims.dp_size, self.config.trainer.seed
-            ),
+            update=critic_update_spec(critic, critic.rollout_n, dims.dp_size, self.config.trainer.seed),
             forward=log_prob_spec(
                 critic.use_dynamic_bsz,
                 critic.forward_micro_batch_size_per_gpu,
