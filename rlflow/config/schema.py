@@ -190,6 +190,9 @@ class ModelConfig:
             reference stays the base model. Every actor checkpoint writes its adapters in this format to
             ``actor/lora_adapter``.
         tiled_mlp: the decoder layers' MLP in pieces (`TiledMLPConfig`); actor and reference.
+        custom_chat_template: a Jinja chat template replacing the tokenizer's own (verl's key): the
+            prompts are rendered with it, and the tokenizers saved with checkpoints and exports carry it.
+            Rendered once on a sample conversation before Ray starts.
     """
 
     path: str | None = None
@@ -210,6 +213,7 @@ class ModelConfig:
     exclude_modules: Any = None
     lora_adapter_path: str | None = None
     tiled_mlp: TiledMLPConfig = field(default_factory=TiledMLPConfig)
+    custom_chat_template: str | None = None
 
 
 @dataclass

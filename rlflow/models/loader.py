@@ -84,7 +84,12 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return to_torch_dtype(dtype)
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str | None = None) -> Any:
+def load_tokenizer(
+    path: str,
+    trust_remote_code: bool = False,
+    padding_side: str | None = None,
+    chat_template: str | None = None,
+) -> Any:
     """Load a tokenizer and make sure it has a pad token.
 
     A tokenizer without a pad token gets ``pad_token = eos_token`` (logged), as most RL code expects.
@@ -93,6 +98,8 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str
         path: local directory, or ``"rlflow://tiny..."``.
         trust_remote_code: allow custom tokenizer code shipped with the checkpoint.
         padding_side: ``"left"`` / ``"right"`` to override the saved side; None keeps it.
+        chat_template: a Jinja chat template replacing the tokenizer's own
+            (``actor_rollout_ref.model.custom_chat_template``); None keeps it.
 
     Returns:
         A transformers tokenizer.
@@ -113,6 +120,8 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str
         if padding_side not in ("left", "right"):
             raise ValueError(f"padding_side={padding_side!r} must be 'left' or 'right'")
         tokenizer.padding_side = padding_side
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
     return tokenizer
 
 

@@ -73,6 +73,7 @@ def prepare_config(cfg: DictConfig, build_warm_start: bool = True) -> DictConfig
         cfg, num_attention_heads=hf.num_attention_heads, num_key_value_heads=hf.num_key_value_heads
     )
     check_router_losses(cfg, hf)
+    _check_chat_template(model)
     critic_on = need_critic(cfg)
     check_resume_adapters(cfg.trainer, check_role_architectures(cfg, critic=critic_on), critic=critic_on)
     if actor_warm and build_warm_start:
@@ -80,6 +81,28 @@ def prepare_config(cfg: DictConfig, build_warm_start: bool = True) -> DictConfig
     if critic_warm and build_warm_start:
         critic.path = ensure_warm_start(critic_warm)
     return cfg
+
+
+def _check_chat_template(model: Any) -> None:
+    """``actor_rollout_ref.model.custom_chat_template`` renders a sample conversation (before Ray starts:
+    a Jinja error names the key)."""
+    from rlflow.models.loader import load_tokenizer
+
+    template = model.custom_chat_template
+    if template is None:
+        return
+    key = "actor_rollout_ref.model.custom_chat_template"
+    if not isinstance(template, str) or not template.strip():
+        raise ValueError(f"{key}={template!r} must be a Jinja chat template (a non-empty string) or null")
+    tokenizer = load_tokenizer(
+        str(model.tokenizer_path or model.path), bool(model.trust_remote_code), chat_template=template
+    )
+    try:
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "1 + 1 = ?"}], tokenize=False, add_generation_prompt=True
+        )
+    except Exception as exc:
+        raise ValueError(f"{key} does not render a conversation: {type(exc).__name__}: {exc}") from exc
 
 
 def _files(value: Any) -> list[str]:
@@ -235,6 +258,7 @@ def _trainer(config: PPOTrainerConfig, tracker: Any | None) -> Any:
     tokenizer = load_tokenizer(
         str(config.data.tokenizer or model.tokenizer_path or model.path),
         trust_remote_code=bool(model.trust_remote_code or config.data.trust_remote_code),
+        chat_template=model.custom_chat_template,
     )
     train_loader, val_loader = build_data(config, tokenizer)
     reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)

@@ -83,7 +83,9 @@ class ActorRolloutWorker(RoleWorker):
             **self._groups(),
         )
         self.tokenizer = load_tokenizer(
-            tokenizer_path(arr.model), trust_remote_code=arr.model.trust_remote_code
+            tokenizer_path(arr.model),
+            trust_remote_code=arr.model.trust_remote_code,
+            chat_template=arr.model.custom_chat_template,
         )
         extra = {"model_path": model_path(arr.model)} if rollout.name == "vllm" else {}
         param_dtype = mixed_precision_dtypes(actor.fsdp_config.mixed_precision)[0]

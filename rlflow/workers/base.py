@@ -169,7 +169,11 @@ class RoleWorker(Worker):
         model = self.layout.model
         hf_dir = os.path.join(path, "huggingface")
         tokenizer = (
-            load_tokenizer(tokenizer_path(model), trust_remote_code=bool(model.trust_remote_code))
+            load_tokenizer(
+                tokenizer_path(model),
+                trust_remote_code=bool(model.trust_remote_code),
+                chat_template=getattr(model, "custom_chat_template", None),
+            )
             if self.rank == 0
             else None
         )
@@ -235,5 +239,9 @@ class RoleWorker(Worker):
     def export_hf(self, out_dir: str) -> None:
         """Write a HF model directory (with the tokenizer) that ``from_pretrained`` loads."""
         model = self.layout.model
-        tokenizer = load_tokenizer(tokenizer_path(model), trust_remote_code=bool(model.trust_remote_code))
+        tokenizer = load_tokenizer(
+            tokenizer_path(model),
+            trust_remote_code=bool(model.trust_remote_code),
+            chat_template=getattr(model, "custom_chat_template", None),
+        )
         export_hf(self.module, tokenizer, out_dir, state_fn=merge_lora_state_dict)

@@ -35,11 +35,13 @@ def test_val_only_validates_once_and_trains_nothing(tmp_path):
 
 
 def _prompts(overrides: list[str]) -> list[str]:
+    """The validation prompts as the driver's data loader gives them, decoded."""
     from rlflow.models.loader import load_tokenizer
     from rlflow.workers.role_setup import tokenizer_path
 
     config = to_typed(prepare_config(load_config(overrides, config_name="demo")))
-    tokenizer = load_tokenizer(tokenizer_path(config.actor_rollout_ref.model))
+    model = config.actor_rollout_ref.model
+    tokenizer = load_tokenizer(tokenizer_path(model), chat_template=model.custom_chat_template)
     _, val = build_data(config, tokenizer)
     out = []
     for batch in val:
@@ -54,6 +56,22 @@ def test_validation_shuffle_draws_a_seeded_order_of_the_same_prompts():
     assert shuffled != plain and sorted(shuffled) == sorted(plain)
     assert _prompts(["data.validation_shuffle=true"]) == shuffled  # the same order every time
     assert _prompts(["data.validation_shuffle=true", "data.seed=7"]) != shuffled
+
+
+def test_a_custom_chat_template_renders_the_prompts_and_a_broken_one_fails_before_ray():
+    """``actor_rollout_ref.model.custom_chat_template`` (a quoted Jinja string on the command line)."""
+    key = "actor_rollout_ref.model.custom_chat_template"
+    template = (
+        "{% for m in messages %}Q: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}A:{% endif %}"
+    )
+    prompts = _prompts([f"{key}='{template}'"])
+    assert prompts[0] == "Q: repeat c x5\nA:"
+    assert all(p.startswith("Q: ") and p.endswith("\nA:") for p in prompts)
+    assert not any(p.startswith("Q: ") for p in _prompts([]))  # the tokenizer's own template otherwise
+    with pytest.raises(
+        ValueError, match=rf"^{re.escape(key)} does not render a conversation: TemplateSyntaxError"
+    ):
+        check_config([f"{key}='{{% for m in messages %}}{{{{ m.content }}}}'"], "demo")
 
 
 def test_critic_rollout_n_is_verls_copy_of_rollout_n():
