@@ -12,6 +12,7 @@ verl                                        rlflow
 ``reward_model.model_path``                 ``reward_model.model.path``
 ``reward_model.rollout.*`` (older verl)     ``reward_model.inference.*``
 ``ray_kwargs.ray_init.*`` (newer verl)      ``ray_init.*``
+``ray_kwargs.timeline_json_file``           ``trainer.ray_timeline_json_file``
 ``*.model.use_rmpad`` (older verl)          ``*.model.use_remove_padding`` (actor, critic,
                                             reward model)
 ``rollout.checkpoint_engine.update_weights  ``rollout.update_weights_bucket_megabytes``
@@ -99,6 +100,7 @@ KEY_ALIASES: dict[str, str] = {
     "reward_model.model_path": "reward_model.model.path",
     "reward_model.rollout": "reward_model.inference",
     "ray_kwargs.ray_init": "ray_init",
+    "ray_kwargs.timeline_json_file": "trainer.ray_timeline_json_file",
     "actor_rollout_ref.actor.kl_loss.type": "actor_rollout_ref.actor.kl_loss_type",
     "algorithm.in_reward_kl.type": "algorithm.kl_penalty",
     "algorithm.in_reward_kl.kl_ctrl": "algorithm.kl_ctrl",

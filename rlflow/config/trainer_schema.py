@@ -24,6 +24,9 @@ class TrainerConfig:
         val_only: validate once (the resumed checkpoint's policy, or the initial one) and stop without
             training, whatever ``val_before_train`` says (verl's key; verl ignores it when
             ``val_before_train`` is false).
+        ray_timeline_json_file: after the run, the driver writes Ray's timeline of every task and actor
+            call there (``ray.timeline``; chrome://tracing or Perfetto opens it); verl's
+            ``ray_kwargs.timeline_json_file``. None writes nothing.
         critic_warmup: first steps that train only the critic.
         overlap_updates: run the critic's and the actor's updates of a step at the same time, each rank
             computing with its part of its bundle's CPU threads (the actor ``ceil(t / 2)``, the critic
@@ -82,6 +85,7 @@ class TrainerConfig:
     test_freq: int = -1
     val_before_train: bool = True
     val_only: bool = False
+    ray_timeline_json_file: str | None = None
     critic_warmup: int = 0
     overlap_updates: bool | None = None
     cpu_linear_kernel: str = "auto"

@@ -15,6 +15,7 @@ whole batch), so group estimators always see whole groups.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -563,10 +564,24 @@ class RayPPOTrainer:
             self.tracker.log(metrics, step=step)
 
     def shutdown(self) -> None:
-        """Kill the worker actors and release their placement group."""
+        """Write Ray's timeline (``trainer.ray_timeline_json_file``), then kill the worker actors and
+        release their placement group."""
+        _write_ray_timeline(self.config.trainer.ray_timeline_json_file)
         if self.groups is not None:
             self.groups.shutdown()
             self.groups = None
+
+
+def _write_ray_timeline(path: str | None) -> None:
+    """Ray's timeline of the run's tasks and actor calls, as JSON at ``path`` (None: nothing)."""
+    import ray
+
+    if path is None or not ray.is_initialized():
+        return
+    target = os.path.abspath(os.path.expanduser(path))
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    ray.timeline(filename=target)
+    logger.info("Ray timeline written to %s (open it in chrome://tracing or Perfetto)", target)
 
 
 def _is_numeric(values: Any) -> bool:

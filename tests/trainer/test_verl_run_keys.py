@@ -5,6 +5,7 @@ their off value (`rlflow.config.verl_defaults_only`).
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -24,6 +25,7 @@ def test_val_only_validates_once_and_trains_nothing(tmp_path):
             "trainer.val_before_train=false",
             f"trainer.log_dir={tmp_path / 'logs'}",
             f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+            f"ray_kwargs.timeline_json_file={tmp_path / 'trace' / 'timeline.json'}",  # verl's spelling
         ],
         config_name="demo",
     )
@@ -32,6 +34,9 @@ def test_val_only_validates_once_and_trains_nothing(tmp_path):
     (only,) = history
     assert only["val-core/rlflow/repeat/reward/mean@1"] == pytest.approx(0.4629, abs=5e-5)
     assert not any(key.startswith(("actor/", "critic/", "timing_s/")) for key in only)
+    # and Ray's timeline of the run: the validation's generation among its actor calls
+    events = json.loads((tmp_path / "trace" / "timeline.json").read_text())
+    assert any("generate" in str(event.get("name", "")) for event in events)
 
 
 def _prompts(overrides: list[str]) -> list[str]:
