@@ -356,6 +356,11 @@ BAD_CONFIGS = [
         "actor_rollout_ref.ref.sync_ref_model=true with LoRA adapters on the actor "
         "(actor_rollout_ref.model.lora_rank=8)",
     ),
+    (  # an existing path that is not the policy's tokenizer (it was accepted, and the driver used it)
+        ["data.tokenizer={train}"],
+        {},
+        "data.tokenizer='{train}': the prompts must be tokenized with the policy's tokenizer",
+    ),
     # the tiled MLP
     (
         ["actor_rollout_ref.model.tiled_mlp.num_shards=0"],

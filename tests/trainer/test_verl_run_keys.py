@@ -131,3 +131,14 @@ def test_keys_that_only_matter_beside_a_refused_switch_are_dropped_whatever_thei
         ],
         "demo",
     )
+
+
+def test_data_tokenizer_may_name_the_policys_tokenizer_only(tmp_path):
+    from rlflow.models.tiny import resolve_model_path
+
+    tiny = resolve_model_path("rlflow://tiny")
+    check_config([f"actor_rollout_ref.model.path={tiny}", f"data.tokenizer={tiny}/"], "demo")
+    with pytest.raises(
+        ValueError, match=re.escape(f"set actor_rollout_ref.model.tokenizer_path={tmp_path} ")
+    ):
+        check_config([f"actor_rollout_ref.model.path={tiny}", f"data.tokenizer={tmp_path}"], "demo")
