@@ -75,7 +75,7 @@ _FSDP_NOTES = {
 }
 CLASS_NOTES: dict[str, dict[str, str]] = {
     "DataConfig": {
-        "tokenizer": "tokenizer directory; null = actor_rollout_ref.model.tokenizer_path, else the model's",
+        "tokenizer": "null, or the directory actor_rollout_ref.model.tokenizer_path (else its path) names",
         "reward_fn_key": "non-tensor column naming each sample's data source; the reward manager picks the "
         "scorer by it",
         "max_response_length": "maximum generated tokens per response (actor_rollout_ref.rollout."

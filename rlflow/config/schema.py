@@ -79,7 +79,8 @@ class DataConfig:
     """``data``: prompts, lengths and batch sizes (sizes in prompts, before ``rollout.n``).
 
     Attributes:
-        tokenizer: tokenizer path; None = the actor model's.
+        tokenizer: null, or the policy's tokenizer path (``actor_rollout_ref.model.tokenizer_path``, else its
+            ``path``); another is refused (the rollout decodes with the policy's).
         train_files: a parquet/jsonl path or a list of them; None uses the embedded synthetic ``task``.
         val_files: same for validation.
         task: embedded synthetic task (`rlflow.data.tasks.TASKS`) used when the files are None.
