@@ -1,6 +1,6 @@
 """Checks that touch the file system or import user code, used last by `config_validate`: data files,
 local model/tokenizer paths, the resume directory, ``custom_reward_function``,
-``algorithm.custom_advantage_function`` and ``data.custom_cls``."""
+``algorithm.custom_advantage_function``, ``data.custom_cls``, and that ``data.tokenizer`` is the policy's."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rlflow.config.checks import value_at
 from rlflow.data.custom_dataset import load_dataset_class
 from rlflow.reward.custom import load_custom_reward_fn
 
-__all__ = ["check_files", "check_user_code"]
+__all__ = ["check_data_tokenizer", "check_files", "check_user_code"]
 
 
 def _exists(path: str) -> bool:
@@ -105,3 +105,24 @@ def check_user_code(cfg: DictConfig) -> None:
     _check_custom_reward(cfg)
     _check_custom_advantage(cfg)
     load_dataset_class(value_at(cfg, "data.custom_cls.path"), value_at(cfg, "data.custom_cls.name"))
+
+
+def check_data_tokenizer(cfg: DictConfig) -> None:
+    """``data.tokenizer`` (verl: the tokenizer of the prompts) may only name the policy's tokenizer: the
+    rollout decodes and the trainer scores with that one, so prompts tokenized by another would be read
+    as other tokens."""
+    tokenizer = value_at(cfg, "data.tokenizer")
+    if tokenizer is None:
+        return
+    model = "actor_rollout_ref.model"
+    policy = value_at(cfg, f"{model}.tokenizer_path") or value_at(cfg, f"{model}.path")
+
+    def where(path: str) -> str:
+        return path if "://" in path else os.path.abspath(os.path.expanduser(path))
+
+    if policy is None or where(str(tokenizer)) != where(str(policy)):
+        raise ValueError(
+            f"data.tokenizer={tokenizer!r}: the prompts must be tokenized with the policy's tokenizer "
+            f"({model}.tokenizer_path, else {model}.path: {policy!r}), which the rollout decodes with; set "
+            f"{model}.tokenizer_path={tokenizer} instead, or drop data.tokenizer"
+        )

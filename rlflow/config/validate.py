@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -48,7 +47,7 @@ from rlflow.config.checks import (
     value_at,
 )
 from rlflow.config.correction_checks import check_rollout_correction
-from rlflow.config.file_checks import check_files, check_user_code
+from rlflow.config.file_checks import check_data_tokenizer, check_files, check_user_code
 from rlflow.config.lora_checks import check_lora
 from rlflow.config.megatron_checks import check_megatron
 from rlflow.config.resource_checks import check_local_resources
@@ -195,28 +194,7 @@ def _check_data(cfg: DictConfig) -> None:
         )
     if value_at(cfg, "data.train_files") is None or value_at(cfg, "data.val_files") is None:
         choice(cfg, "data.task", tuple(TASKS))
-    _check_data_tokenizer(cfg)
-
-
-def _check_data_tokenizer(cfg: DictConfig) -> None:
-    """``data.tokenizer`` (verl: the tokenizer of the prompts) may only name the policy's tokenizer: the
-    rollout decodes and the trainer scores with that one, so prompts tokenized by another would be read
-    as other tokens."""
-    tokenizer = value_at(cfg, "data.tokenizer")
-    if tokenizer is None:
-        return
-    model = "actor_rollout_ref.model"
-    policy = value_at(cfg, f"{model}.tokenizer_path") or value_at(cfg, f"{model}.path")
-
-    def where(path: str) -> str:
-        return path if "://" in path else os.path.abspath(os.path.expanduser(path))
-
-    if policy is None or where(str(tokenizer)) != where(str(policy)):
-        raise ValueError(
-            f"data.tokenizer={tokenizer!r}: the prompts must be tokenized with the policy's tokenizer "
-            f"({model}.tokenizer_path, else {model}.path: {policy!r}), which the rollout decodes with; set "
-            f"{model}.tokenizer_path={tokenizer} instead, or drop data.tokenizer"
-        )
+    check_data_tokenizer(cfg)
 
 
 def _check_algorithm(cfg: DictConfig) -> None:

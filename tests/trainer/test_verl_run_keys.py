@@ -1,6 +1,7 @@
 """Keys of verl's generated ``ppo_trainer.yaml`` that ported command lines spell out: ``trainer.val_only``,
-``data.validation_shuffle``, ``critic.rollout_n``, and the switches of features rlflow lacks, accepted at
-their off value (`rlflow.config.verl_defaults_only`).
+``ray_kwargs.timeline_json_file``, ``data.validation_shuffle``, ``actor_rollout_ref.model.custom_chat_template``,
+``critic.rollout_n``, ``data.tokenizer``, and the switches of features rlflow lacks, accepted at their off value
+(`rlflow.config.verl_defaults_only`).
 """
 
 from __future__ import annotations
