@@ -11,8 +11,6 @@ device from its HF config (no weights read) when a key acts on its modules, and
 
 from __future__ import annotations
 
-import os
-
 from omegaconf import DictConfig
 
 from rlflow.config.lora_checks import CRITIC_MODEL, MODEL
@@ -35,8 +33,8 @@ def check_role_architectures(cfg: DictConfig, critic: bool) -> dict[str, dict[st
         ValueError: naming the key whose selection or block the model does not have.
     """
     from rlflow.models.loader import meta_model
-    from rlflow.models.lora import LoRASpec, lora_targets, module_selection
-    from rlflow.models.peft_adapter import adapter_spec
+    from rlflow.models.lora import lora_targets
+    from rlflow.models.peft_adapter import lora_spec
     from rlflow.models.tiled_mlp import install_tiled_mlp
 
     roles = [("actor", MODEL, "causal_lm", cfg.actor_rollout_ref.model)]
@@ -44,19 +42,7 @@ def check_role_architectures(cfg: DictConfig, critic: bool) -> dict[str, dict[st
         roles.append(("critic", CRITIC_MODEL, "value", cfg.critic.model))
     adapters: dict[str, dict[str, int]] = {}
     for role, key, kind, model in roles:
-        path = model.get("lora_adapter_path")
-        spec = None
-        if path is not None:
-            spec = adapter_spec(os.path.expanduser(str(path)))
-        elif int(model.lora_rank) > 0:
-            excluded = model.get("exclude_modules")
-            spec = LoRASpec(
-                int(model.lora_rank),
-                float(model.lora_alpha),
-                module_selection(model.target_modules),
-                None if excluded is None else module_selection(excluded),
-                key_prefix=key,
-            )
+        spec = lora_spec(model, key)
         tiled = bool(model.tiled_mlp.enabled)
         if spec is None and not tiled:
             continue

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlflow.models.lora import LoRALinear, LoRASpec
+from rlflow.models.lora import LoRALinear, LoRASpec, module_selection
 
 __all__ = [
     "ADAPTER_CONFIG",
@@ -39,6 +39,7 @@ __all__ = [
     "apply_peft_adapter",
     "check_peft_adapter",
     "load_peft_weights",
+    "lora_spec",
     "save_peft_adapter",
 ]
 
@@ -267,3 +268,38 @@ def save_peft_adapter(
     save_file(tensors, str(target / _SAFETENSORS), metadata={"format": "pt"})
     (target / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     return str(target)
+
+
+def lora_spec(model: Any, key_prefix: str = "actor_rollout_ref.model") -> LoRASpec | None:
+    """A role's adapters from its ``model`` section (``actor_rollout_ref.model`` or ``critic.model``): those
+    of the PEFT adapter at ``lora_adapter_path`` when set (the actor's key; its rank, alpha and targets,
+    verl's meaning), else ``lora_rank`` / ``lora_alpha`` / ``target_modules`` / ``exclude_modules`` (the
+    actor's only); None when ``lora_rank`` is 0 and no adapter is given."""
+    # every LoRA key is read whatever the rank: accepted keys are read (tests/config/test_config_reads.py)
+    rank, alpha = int(model.lora_rank), float(model.lora_alpha)
+    targets = model.target_modules
+    excluded = getattr(model, "exclude_modules", None)
+    adapter_path = getattr(model, "lora_adapter_path", None)
+    if adapter_path is not None:
+        spec = adapter_spec(os.path.expanduser(str(adapter_path)))
+        if rank not in (0, spec.rank) or alpha != spec.alpha:
+            logger.warning(
+                "%s.lora_adapter_path=%s: the adapter's r=%d, lora_alpha=%s and target_modules are used "
+                "(lora_rank=%d, lora_alpha=%s are not)",
+                key_prefix,
+                adapter_path,
+                spec.rank,
+                spec.alpha,
+                rank,
+                alpha,
+            )
+        return spec
+    if rank == 0:
+        return None
+    return LoRASpec(
+        rank,
+        alpha,
+        module_selection(targets),
+        None if excluded is None else module_selection(excluded),
+        key_prefix=key_prefix,
+    )

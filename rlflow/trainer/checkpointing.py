@@ -92,9 +92,6 @@ def resume_dir(mode: str, resume_from_path: Any, root: str | os.PathLike) -> str
     return latest_checkpoint_dir(root)
 
 
-_ADAPTER_KEYS = {"actor": "actor_rollout_ref.model", "critic": "critic.model"}
-
-
 def _adapters(modules: dict[str, int]) -> str:
     if not modules:
         return "no LoRA adapters"
@@ -114,12 +111,13 @@ def check_resume_adapters(trainer: Any, adapters: dict[str, dict[str, int]], cri
             (`rlflow.config.architecture_checks.check_role_architectures`).
         critic: the run has a critic (else the checkpoint's critic, which it does not load, is not read).
     """
+    from rlflow.config.lora_checks import CRITIC_MODEL, MODEL
     from rlflow.parallel.checkpoint import is_checkpoint_complete, saved_model_shapes
 
     path = resume_dir(str(trainer.resume_mode), trainer.resume_from_path, str(trainer.default_local_dir))
     if path is None:
         return
-    for role, key in _ADAPTER_KEYS.items():
+    for role, key in (("actor", MODEL), ("critic", CRITIC_MODEL)):
         role_dir = Path(path) / role
         if role == "critic" and not critic:
             continue

@@ -8,7 +8,6 @@ import torch
 
 from rlflow.engine.actor import DataParallelPPOActor
 from rlflow.engine.batching import actor_update_spec, log_prob_spec
-from rlflow.models.loader import load_tokenizer
 from rlflow.parallel.fsdp import mixed_precision_dtypes
 from rlflow.parallel.weight_mixing import local_shards
 from rlflow.protocol import DataProto
@@ -21,8 +20,8 @@ from rlflow.workers.role_setup import (
     metrics_proto,
     model_path,
     resolve_torch_compile,
+    role_tokenizer,
     timed_call,
-    tokenizer_path,
 )
 
 __all__ = ["ActorRolloutWorker"]
@@ -82,11 +81,7 @@ class ActorRolloutWorker(RoleWorker):
             router_top_k=_router_top_k(actor, self.module),
             **self._groups(),
         )
-        self.tokenizer = load_tokenizer(
-            tokenizer_path(arr.model),
-            trust_remote_code=arr.model.trust_remote_code,
-            chat_template=arr.model.custom_chat_template,
-        )
+        self.tokenizer = role_tokenizer(arr.model)
         extra = {"model_path": model_path(arr.model)} if rollout.name == "vllm" else {}
         param_dtype = mixed_precision_dtypes(actor.fsdp_config.mixed_precision)[0]
         self.rollout = get_rollout_class(rollout.name)(

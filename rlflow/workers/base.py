@@ -20,7 +20,7 @@ from rlflow.config.checkpoint_schema import saves_hf_model
 from rlflow.config.reads import track_reads, tracking_enabled
 from rlflow.config.schema import OptimConfig, PPOTrainerConfig
 from rlflow.engine.optim import build_lr_scheduler, build_optimizer
-from rlflow.models.loader import load_model_config, load_tokenizer
+from rlflow.models.loader import load_model_config
 from rlflow.models.lora import merge_lora_state_dict
 from rlflow.models.peft_adapter import ADAPTER_DIR, save_peft_adapter
 from rlflow.parallel.checkpoint import export_hf, load_checkpoint, save_checkpoint
@@ -40,9 +40,9 @@ from rlflow.workers.role_setup import (
     build_role_module,
     model_path,
     peak_memory_metrics,
+    role_tokenizer,
     setup_role_parallel,
     timed_call,
-    tokenizer_path,
 )
 
 logger = logging.getLogger(__name__)
@@ -168,15 +168,7 @@ class RoleWorker(Worker):
         self._offload_optimizer()
         model = self.layout.model
         hf_dir = os.path.join(path, "huggingface")
-        tokenizer = (
-            load_tokenizer(
-                tokenizer_path(model),
-                trust_remote_code=bool(model.trust_remote_code),
-                chat_template=getattr(model, "custom_chat_template", None),
-            )
-            if self.rank == 0
-            else None
-        )
+        tokenizer = role_tokenizer(model) if self.rank == 0 else None
         if saves_hf_model(self.checkpoint_section()):
             export_hf(self.module, tokenizer, hf_dir, state_fn=merge_lora_state_dict)
         elif self.rank == 0:
@@ -239,9 +231,5 @@ class RoleWorker(Worker):
     def export_hf(self, out_dir: str) -> None:
         """Write a HF model directory (with the tokenizer) that ``from_pretrained`` loads."""
         model = self.layout.model
-        tokenizer = load_tokenizer(
-            tokenizer_path(model),
-            trust_remote_code=bool(model.trust_remote_code),
-            chat_template=getattr(model, "custom_chat_template", None),
-        )
+        tokenizer = role_tokenizer(model)
         export_hf(self.module, tokenizer, out_dir, state_fn=merge_lora_state_dict)

@@ -21,9 +21,9 @@ from rlflow.config.schema import FSDPConfig, PPOTrainerConfig
 from rlflow.models.attention import set_packed_attention
 from rlflow.models.cpu_linear import install_onednn_linear, resolve_cpu_linear_kernel
 from rlflow.models.fused_head import install_fused_head
-from rlflow.models.loader import load_causal_lm, load_value_model, meta_model
-from rlflow.models.lora import LoRASpec, inject_lora, module_selection, output_head
-from rlflow.models.peft_adapter import adapter_spec, apply_peft_adapter
+from rlflow.models.loader import load_causal_lm, load_tokenizer, load_value_model, meta_model
+from rlflow.models.lora import LoRASpec, inject_lora, output_head
+from rlflow.models.peft_adapter import apply_peft_adapter, lora_spec
 from rlflow.models.tiled_mlp import install_tiled_mlp
 from rlflow.models.tiny import resolve_model_path
 from rlflow.parallel.dims import ParallelDims
@@ -44,6 +44,7 @@ __all__ = [
     "peak_memory_metrics",
     "ref_layout",
     "resolve_torch_compile",
+    "role_tokenizer",
     "setup_role_parallel",
     "timed_call",
     "tokenizer_path",
@@ -67,6 +68,16 @@ def model_path(model: Any) -> str:
 def tokenizer_path(model: Any) -> str:
     """``tokenizer_path`` when set, else the model directory."""
     return resolve_model_path(model.tokenizer_path or model.path or TINY_MODEL)
+
+
+def role_tokenizer(model: Any) -> Any:
+    """The tokenizer of a role's ``model`` section (`tokenizer_path`), with the policy's
+    ``custom_chat_template`` when the section has one."""
+    return load_tokenizer(
+        tokenizer_path(model),
+        trust_remote_code=bool(model.trust_remote_code),
+        chat_template=getattr(model, "custom_chat_template", None),
+    )
 
 
 @dataclass(frozen=True)
@@ -100,41 +111,6 @@ def model_key(layout: RoleLayout) -> str:
     """The config section of a role's model: ``actor_rollout_ref.model`` (actor and reference),
     ``critic.model``, or the SFT trainer's ``model``."""
     return {"critic": "critic.model", "model": "model"}.get(layout.key_prefix, "actor_rollout_ref.model")
-
-
-def lora_spec(model: Any, key_prefix: str = "actor_rollout_ref.model") -> LoRASpec | None:
-    """A role's adapters from its ``model`` section (``actor_rollout_ref.model`` or ``critic.model``): those
-    of the PEFT adapter at ``lora_adapter_path`` when set (the actor's key; its rank, alpha and targets,
-    verl's meaning), else ``lora_rank`` / ``lora_alpha`` / ``target_modules`` / ``exclude_modules`` (the
-    actor's only); None when ``lora_rank`` is 0 and no adapter is given."""
-    # every LoRA key is read whatever the rank: accepted keys are read (tests/config/test_config_reads.py)
-    rank, alpha = int(model.lora_rank), float(model.lora_alpha)
-    targets = model.target_modules
-    excluded = getattr(model, "exclude_modules", None)
-    adapter_path = getattr(model, "lora_adapter_path", None)
-    if adapter_path is not None:
-        spec = adapter_spec(os.path.expanduser(adapter_path))
-        if rank not in (0, spec.rank) or alpha != spec.alpha:
-            logger.warning(
-                "%s.lora_adapter_path=%s: the adapter's r=%d, lora_alpha=%s and target_modules are used "
-                "(lora_rank=%d, lora_alpha=%s are not)",
-                key_prefix,
-                adapter_path,
-                spec.rank,
-                spec.alpha,
-                rank,
-                alpha,
-            )
-        return spec
-    if rank == 0:
-        return None
-    return LoRASpec(
-        rank,
-        alpha,
-        module_selection(targets),
-        None if excluded is None else module_selection(excluded),
-        key_prefix=key_prefix,
-    )
 
 
 def actor_layout(config: PPOTrainerConfig) -> RoleLayout:
