@@ -55,7 +55,7 @@ target_modules}`` (verl's Megatron LoRA)    target_modules}``
 Megatron's key renames and inert switches     `rlflow.config.megatron_layout` (`MEGATRON_KEY_ALIASES`,
 (``<role>.megatron.*``)                      `MEGATRON_INERT_FLAGS`)
 verl's switches of features rlflow lacks, at   dropped, logged; another value is refused with what to do
-their off value (agent loop, tracing, PF-PPO,  (`rlflow.config.verl_defaults_only`)
+their off value (agent loop, tracing,         (`rlflow.config.verl_defaults_only`)
 curriculum sampler, ...)
 ==========================================  ==============================================
 

@@ -1,10 +1,11 @@
-"""Checks of ``reward_model`` and ``algorithm.filter_groups`` (part of
-`rlflow.config.validate.validate_config`)."""
+"""Checks of ``reward_model`` and of the batch selections by reward, ``algorithm.filter_groups`` and
+``algorithm.pf_ppo`` (part of `rlflow.config.validate.validate_config`)."""
 
 from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlflow.algos.pf_ppo import PF_PPO_METHODS
 from rlflow.config.checks import at_least, flag, number, positive, value_at
 from rlflow.reward.dapo import OverlongBuffer
 from rlflow.reward.registry import (
@@ -13,7 +14,7 @@ from rlflow.reward.registry import (
     get_reward_manager_cls,
 )
 
-__all__ = ["FILTER_METRICS", "check_filter_groups", "check_reward_model", "reward_kwargs"]
+__all__ = ["FILTER_METRICS", "check_filter_groups", "check_pf_ppo", "check_reward_model", "reward_kwargs"]
 
 FILTER_METRICS = ("seq_reward", "seq_final_reward")
 """``algorithm.filter_groups.metric`` values computed from the rewards; any other name is read from the
@@ -162,3 +163,16 @@ def check_filter_groups(cfg: DictConfig) -> None:
             f"{prefix}.enable=true with actor_rollout_ref.rollout.n=1: every group has one response and is "
             "kept, so filtering does nothing; sample several responses per prompt"
         )
+
+
+def check_pf_ppo(cfg: DictConfig) -> None:
+    """PF-PPO's redrawn batch (``algorithm.use_pf_ppo``, ``algorithm.pf_ppo.*``)."""
+    if not flag(cfg, "algorithm.use_pf_ppo"):
+        return
+    method = value_at(cfg, "algorithm.pf_ppo.reweight_method")
+    if method not in PF_PPO_METHODS:
+        raise ValueError(
+            f"algorithm.pf_ppo.reweight_method={method!r} is not one of {list(PF_PPO_METHODS)} "
+            "(rlflow.algos.pf_ppo.pf_ppo_weights says what each draws)"
+        )
+    at_least(cfg, "algorithm.pf_ppo.weight_pow", 0, integer=False)

@@ -502,6 +502,20 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class PFPPOConfig:
+    """``algorithm.pf_ppo``: PF-PPO's redrawn batch (``algorithm.use_pf_ppo``; `rlflow.algos.pf_ppo`).
+
+    Attributes:
+        reweight_method: pow (``|score| ** weight_pow``), max_min (only the best- and worst-scored
+            responses), max_random (the best-scored 4x as likely as the others).
+        weight_pow: the exponent of ``pow`` (>= 0).
+    """
+
+    reweight_method: str = "pow"
+    weight_pow: float = 2.0
+
+
+@dataclass
 class RolloutCorrectionConfig:
     """``algorithm.rollout_correction``: the rollout/trainer policy mismatch (`rlflow.algos.rollout_correction`).
 
@@ -542,6 +556,8 @@ class AlgorithmConfig:
         adv_estimator: a name registered in `rlflow.trainer.ppo.core_algos` (gae, grpo, rloo, gpg, ...).
         kl_penalty: per-token KL estimator of the in-reward penalty (kl, abs, mse, low_var_kl, k1..k3).
         custom_advantage_function: replaces the registry estimator when ``path`` and ``name`` are set.
+        use_pf_ppo: after the advantages, the step trains on a batch of the same size drawn from its
+            responses by score (PF-PPO, ``pf_ppo``).
     """
 
     gamma: float = 1.0
@@ -552,6 +568,8 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    use_pf_ppo: bool = False
+    pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     custom_advantage_function: CustomFunctionConfig = field(default_factory=CustomFunctionConfig)
 

@@ -51,7 +51,7 @@ from rlflow.config.file_checks import check_data_tokenizer, check_files, check_u
 from rlflow.config.lora_checks import check_lora
 from rlflow.config.megatron_checks import check_megatron
 from rlflow.config.resource_checks import check_local_resources
-from rlflow.config.reward_checks import check_filter_groups, check_reward_model
+from rlflow.config.reward_checks import check_filter_groups, check_pf_ppo, check_reward_model
 from rlflow.config.rollout_checks import ROLLOUT_NAMES, check_rollout
 from rlflow.config.schema import PPOTrainerConfig
 from rlflow.config.suggest import schema_keys
@@ -594,6 +594,7 @@ def validate_config(
     _check_critic(cfg)
     check_reward_model(cfg)
     check_filter_groups(cfg)
+    check_pf_ppo(cfg)
     check_rollout_correction(cfg)
     _check_layout(cfg, num_attention_heads, num_key_value_heads)
     check_files(cfg, critic=need_critic(cfg))

@@ -1,7 +1,7 @@
 """verl keys for features rlflow does not have, accepted at the value that leaves them off.
 
 verl's generated config lists these keys with a default that switches the feature off (an agent loop, a
-curriculum sampler, rollout tracing, PF-PPO...), and ported command lines often spell that default out.
+curriculum sampler, rollout tracing...), and ported command lines often spell that default out.
 On the command line (`rlflow.config.aliases.rewrite_overrides`) such a key with its off value is logged
 and dropped; any other value is refused, naming the key, what the feature is and what to do instead.
 `INERT_ANY` keys only mean something beside a refused switch (``skip_dump_dir`` without
@@ -70,10 +70,6 @@ DEFAULT_ONLY: dict[str, tuple[tuple[str, ...], str]] = {
         ("1",),
         "the reward model runs as one full copy per rank (forward only): drop the key",
     ),
-    "algorithm.use_pf_ppo": (
-        _FALSE,
-        "PF-PPO's reweighted resampling of the batch by reward is not supported: drop the key",
-    ),
     "trainer.esi_redundant_time": (
         ("0",),
         "verl saves a checkpoint before an elastic (ESI) instance expires; rlflow saves every "
@@ -89,8 +85,6 @@ DEFAULT_ONLY: dict[str, tuple[tuple[str, ...], str]] = {
 INERT_ANY: dict[str, str] = {
     "actor_rollout_ref.rollout.skip_dump_dir": "it is read only with rollout.skip_rollout=true, which rlflow refuses",
     "actor_rollout_ref.rollout.agent.num_workers": "verl's agent-loop workers; rlflow's rollout runs in the actor's workers",
-    "algorithm.pf_ppo.reweight_method": "it is read only with algorithm.use_pf_ppo=true, which rlflow refuses",
-    "algorithm.pf_ppo.weight_pow": "it is read only with algorithm.use_pf_ppo=true, which rlflow refuses",
     "trainer.ray_wait_register_center_timeout": (
         "how long verl waits for its workers to register; rlflow's worker groups start under their own timeouts"
     ),

@@ -59,6 +59,8 @@ class DataProtoFuture:
             future (sequence-parallel peers of the collect ranks). They return None; the driver waits on
             them next to its next blocking call, so a failing peer surfaces as its own error instead of
             leaving its collect rank (and every consumer) blocked in a collective.
+        rows: when set (`take`), sample ``i`` of this future is sample ``rows[i]`` of ``[start, end)``,
+            so a redrawn batch (rows repeated, left out or reordered) is routed like the plain one.
     """
 
     refs: list[Any]
@@ -67,6 +69,7 @@ class DataProtoFuture:
     end: int | None = None
     collect_fn: Callable[[list[DataProto]], DataProto] | None = None
     watch: list[tuple[Any, str, int]] = field(default_factory=list)
+    rows: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if len(self.refs) != len(self.shard_sizes):
@@ -75,12 +78,25 @@ class DataProtoFuture:
             self.end = sum(self.shard_sizes)
 
     def __len__(self) -> int:
-        return self.end - self.start
+        return self.end - self.start if self.rows is None else len(self.rows)
+
+    def take(self, indices: Sequence[int] | np.ndarray) -> DataProtoFuture:
+        """The future of samples ``indices`` of this one, in that order (repeats allowed); nothing is
+        fetched: the consumers resolve the same shards, row by row."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.ndim != 1 or (idx.size and not (idx.min() >= 0 and idx.max() < len(self))):
+            raise IndexError(f"take: indices must be a (k,) array within [0, {len(self)})")
+        rows = idx if self.rows is None else self.rows[idx]
+        return DataProtoFuture(
+            self.refs, self.shard_sizes, self.start, self.end, watch=list(self.watch), rows=rows
+        )
 
     def slice_by_index(self, start: int, end: int) -> FutureSlice:
         """The refs (and rows within them) that hold samples ``[start, end)`` of this future."""
         if not 0 <= start <= end <= len(self):
             raise IndexError(f"range [{start}, {end}) outside a future of {len(self)} samples")
+        if self.rows is not None:
+            return self._take_parts(self.rows[start:end])
         lo, hi = self.start + start, self.start + end
         parts, offset = [], 0
         for ref, size in zip(self.refs, self.shard_sizes):
@@ -90,12 +106,29 @@ class DataProtoFuture:
             offset += size
         return FutureSlice(parts=parts)
 
+    def _take_parts(self, rows: np.ndarray) -> FutureSlice:
+        """Parts reading ``rows`` (of ``[start, end)``) in order; consecutive rows of a shard share a part."""
+        offsets = np.cumsum([0, *self.shard_sizes])
+        parts: list[tuple[Any, int, int]] = []
+        last_shard = -1
+        for row in (rows + self.start).tolist():
+            shard = int(np.searchsorted(offsets, row, side="right")) - 1
+            local = row - int(offsets[shard])
+            if shard == last_shard and parts[-1][2] == local:
+                parts[-1] = (parts[-1][0], parts[-1][1], local + 1)
+            else:
+                parts.append((self.refs[shard], local, local + 1))
+            last_shard = shard
+        return FutureSlice(parts=parts)
+
     def chunk(self, chunks: int) -> list[DataProtoFuture]:
         """Split by sample index into ``chunks`` equal futures (length must be divisible)."""
         n = len(self)
         if chunks <= 0 or n % chunks:
             raise ValueError(f"DataProtoFuture.chunk: {n} samples not divisible into {chunks} chunks")
         step = n // chunks
+        if self.rows is not None:
+            return [self.take(np.arange(i * step, (i + 1) * step)) for i in range(chunks)]
         return [
             DataProtoFuture(
                 self.refs,

@@ -43,6 +43,7 @@ from rlflow.trainer.metrics import (
     rollout_probs_diff,
     validation_metrics,
 )
+from rlflow.trainer.pf_ppo import redraw_batch
 from rlflow.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
 from rlflow.trainer.throughput import UpdateThroughput
 from rlflow.trainer.validation import run_validation
@@ -258,17 +259,24 @@ class RayPPOTrainer:
             with _timer("adv", timing):
                 adv, adv_metrics = self._advantages(batch, values)
             metrics.update(adv_metrics)
+            trained = batch
+            if self.config.algorithm.use_pf_ppo:
+                algo, seed = self.config.algorithm, int(self.config.trainer.seed)
+                trained, adv, pf_metrics = redraw_batch(
+                    batch, adv, algo.pf_ppo, seed, self.global_steps, self._order
+                )
+                metrics.update(pf_metrics)
             actor_due = self.global_steps > int(self.config.trainer.critic_warmup)
             if self.use_critic and actor_due and self.overlap is not None:
-                for out in overlapped_updates(self.groups, batch, adv, self.overlap, timing):
+                for out in overlapped_updates(self.groups, trained, adv, self.overlap, timing):
                     metrics.update(_worker_metrics(out))
             else:
                 if self.use_critic:
                     with _timer("update_critic", timing):
-                        metrics.update(self._update_critic(batch, adv))
+                        metrics.update(self._update_critic(trained, adv))
                 if actor_due:
                     with _timer("update_actor", timing):
-                        metrics.update(self._update_actor(batch, adv))
+                        metrics.update(self._update_actor(trained, adv))
             if self._ref_sync_due():
                 with _timer("sync_ref", timing):
                     self._sync_reference()
@@ -280,7 +288,7 @@ class RayPPOTrainer:
                     self._save_checkpoint()
         metrics.update(compute_data_metrics(batch, eos_token_id=self._eos_token_ids()))
         metrics.update(compute_timing_metrics(batch, timing))
-        metrics.update(self.throughput.metrics(batch, timing, self.groups))
+        metrics.update(self.throughput.metrics(trained, timing, self.groups))
         return metrics
 
     def _due(self, freq: int | None) -> bool:
@@ -421,14 +429,19 @@ class RayPPOTrainer:
 
     def _balance(self, batch: DataProto) -> None:
         """Reorder samples so every actor DP rank gets a similar number of tokens."""
+        order = self._order(batch)
+        if order is not None:
+            batch.reorder(torch.as_tensor(order))
+
+    def _order(self, batch: DataProto) -> list[int] | None:
+        """`_balance`'s order of the samples (None with ``trainer.balance_batch=false``)."""
         if not self.config.trainer.balance_batch:
-            return
+            return None
         seqlens = batch.batch["attention_mask"].sum(-1).tolist()
         model = self.config.actor_rollout_ref.model
         shared = model.use_shared_prompts and model.use_remove_padding and "uid" in batch.non_tensor_batch
         groups = rows_by_key(batch.non_tensor_batch["uid"].tolist()) if shared else None  # a prompt's samples
-        order = balance_batch_across_dp(seqlens, self.groups.actor_dp_size, groups)
-        batch.reorder(torch.as_tensor(order))
+        return balance_batch_across_dp(seqlens, self.groups.actor_dp_size, groups).tolist()
 
     def _reward(self, batch: DataProto) -> dict[str, list[Any]]:
         """Score the responses into ``token_level_scores``; returns the reward's extra info."""

@@ -182,6 +182,8 @@ def test_every_key_is_read_or_refused(tmp_path, monkeypatch):
         "actor_rollout_ref.rollout.n=2",
         "algorithm.filter_groups.enable=true",
         "algorithm.filter_groups.metric=score",
+        "algorithm.use_pf_ppo=true",
+        "algorithm.pf_ppo.reweight_method=max_random",
         "reward_model.reward_manager=dapo",
         "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
         "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4",

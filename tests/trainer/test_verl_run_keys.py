@@ -106,7 +106,6 @@ def test_critic_rollout_n_is_verls_copy_of_rollout_n():
         ("data.datagen.path=null", "=gen.py", "dynamic data generation"),
         ("reward_model.max_length=null", "=4096", "truncating the reward model's input"),
         ("reward_model.ulysses_sequence_parallel_size=1", "=2", "one full copy per rank"),
-        ("algorithm.use_pf_ppo=false", "=true", "PF-PPO"),
         ("trainer.esi_redundant_time=0", "=600", "elastic (ESI) instance"),
         ("trainer.del_local_ckpt_after_load=false", "=true", "keeps the local checkpoint"),
     ],
@@ -123,8 +122,6 @@ def test_keys_that_only_matter_beside_a_refused_switch_are_dropped_whatever_thei
         [
             "actor_rollout_ref.rollout.skip_dump_dir=/tmp/rollout_dump",
             "actor_rollout_ref.rollout.agent.num_workers=8",
-            "algorithm.pf_ppo.reweight_method=max_min",
-            "algorithm.pf_ppo.weight_pow=3.0",
             "trainer.ray_wait_register_center_timeout=300",
             "data.use_shm=true",
             "data.return_multi_modal_inputs=true",
