@@ -496,3 +496,6 @@ def advantage_metrics(data: DataProto, advantages: torch.Tensor, returns: torch.
         out[f"critic/{name}/max"] = float(valid.max())
         out[f"critic/{name}/min"] = float(valid.min())
     return out
+
+
+import rlflow.algos.group_advantages  # noqa: E402, F401  (registers OPO, pass@k and verl's vectorized names)

@@ -553,7 +553,8 @@ class AlgorithmConfig:
     """``algorithm``: advantage estimation and the in-reward KL penalty.
 
     Attributes:
-        adv_estimator: a name registered in `rlflow.trainer.ppo.core_algos` (gae, grpo, rloo, gpg, ...).
+        adv_estimator: a name registered in `rlflow.trainer.ppo.core_algos` (gae, grpo, rloo, gpg, opo,
+            grpo_passk, ...).
         kl_penalty: per-token KL estimator of the in-reward penalty (kl, abs, mse, low_var_kl, k1..k3).
         custom_advantage_function: replaces the registry estimator when ``path`` and ``name`` are set.
         use_pf_ppo: after the advantages, the step trains on a batch of the same size drawn from its

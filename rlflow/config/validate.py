@@ -198,7 +198,12 @@ def _check_data(cfg: DictConfig) -> None:
 
 
 def _check_algorithm(cfg: DictConfig) -> None:
-    choice(cfg, "algorithm.adv_estimator", tuple(ADV_ESTIMATOR_REGISTRY))
+    estimator = choice(cfg, "algorithm.adv_estimator", tuple(ADV_ESTIMATOR_REGISTRY))
+    if estimator == "grpo_passk" and int(value_at(cfg, "actor_rollout_ref.rollout.n")) < 2:
+        raise ValueError(
+            "algorithm.adv_estimator=grpo_passk needs actor_rollout_ref.rollout.n >= 2: each prompt's best "
+            "response learns from its margin over the second best"
+        )
     in_range(cfg, "algorithm.gamma", 0.0, 1.0)
     in_range(cfg, "algorithm.lam", 0.0, 1.0)
     flag(cfg, "algorithm.use_kl_in_reward")

@@ -203,7 +203,8 @@ def test_every_estimator_accepts_the_uniform_keyword_call():
         "config": OmegaConf.create({"gamma": 1.0, "lam": 1.0}),
     }
     for name in AdvantageEstimator:
-        adv, ret = get_adv_estimator_fn(name)(**inputs)
+        pairs = {"index": np.arange(10) // 2} if name == AdvantageEstimator.GRPO_PASSK else {}  # groups >= 2
+        adv, ret = get_adv_estimator_fn(name)(**{**inputs, **pairs})
         assert adv.shape == ret.shape == (10, 3)
     # GRPO through the registry equals the direct call
     _close(

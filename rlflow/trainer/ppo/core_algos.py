@@ -40,6 +40,11 @@ from rlflow.algos.advantages import (
     register_adv_est,
 )
 from rlflow.algos.common import Count
+from rlflow.algos.group_advantages import (
+    compute_grpo_passk_outcome_advantage,
+    compute_opo_outcome_advantage,
+    compute_rloo_vectorized_outcome_advantage,
+)
 from rlflow.algos.kl import (
     AdaptiveKLController,
     FixedKLController,
@@ -79,7 +84,10 @@ __all__ = [
     "compute_gae_advantage_return",
     "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
+    "compute_grpo_passk_outcome_advantage",
+    "compute_grpo_vectorized_outcome_advantage",
     "compute_kl_loss",
+    "compute_opo_outcome_advantage",
     "compute_policy_loss",
     "compute_policy_loss_geo_mean",
     "compute_policy_loss_gpg",
@@ -89,6 +97,7 @@ __all__ = [
     "compute_reinforce_plus_plus_outcome_advantage",
     "compute_remax_outcome_advantage",
     "compute_rloo_outcome_advantage",
+    "compute_rloo_vectorized_outcome_advantage",
     "compute_rollout_is_weights",
     "compute_value_loss",
     "get_adv_estimator_fn",
@@ -99,3 +108,6 @@ __all__ = [
     "register_adv_est",
     "register_policy_loss",
 ]
+
+compute_grpo_vectorized_outcome_advantage = compute_grpo_outcome_advantage
+"""verl's vectorized GRPO: the same estimator (``algorithm.adv_estimator=grpo_vectorized``)."""
