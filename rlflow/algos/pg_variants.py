@@ -1,9 +1,10 @@
-"""Policy-gradient loss variants registered next to PPO's: GPG (no ratio) and GMPO (geometric mean).
+"""Policy-gradient loss variants registered next to PPO's: GPG (no ratio), GMPO (geometric mean), SAPO
+(a smooth gate instead of the clip) and CISPO (a clipped, detached importance weight).
 
-Both take the same arguments as `rlflow.algos.losses.compute_policy_loss_vanilla`, including the
+Each takes the same arguments as `rlflow.algos.losses.compute_policy_loss_vanilla`, including the
 mini-batch's global counts, and return verl's 4-tuple ``(pg_loss, pg_clipfrac, ppo_kl,
 pg_clipfrac_lower)``. Importing `rlflow.algos.losses` registers them (``policy_loss.loss_mode=gpg`` /
-``geo_mean``).
+``geo_mean`` / ``sapo`` / ``cispo``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,15 @@ from rlflow.algos.losses import (
 )
 from rlflow.utils.torch_functional import masked_mean
 
-__all__ = ["compute_policy_loss_geo_mean", "compute_policy_loss_gpg"]
+__all__ = [
+    "compute_policy_loss_cispo",
+    "compute_policy_loss_geo_mean",
+    "compute_policy_loss_gpg",
+    "compute_policy_loss_sapo",
+]
+
+SAPO_TAUS = (1.0, 1.05)
+"""verl's defaults of ``actor.tau_pos`` / ``actor.tau_neg`` (the SAPO paper's, for Qwen3-30B-A3B)."""
 
 
 @register_policy_loss("gpg")
@@ -138,3 +147,110 @@ def compute_policy_loss_geo_mean(
     pg_clipfrac_lower = masked_mean((was_clipped * (advantages < 0)).detach(), response_mask)
     ppo_kl = masked_mean(-log_ratio.detach(), response_mask)
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
+
+
+def _log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
+    """``log_prob - old_log_prob`` clamped to [-20, 20] (the ratio's overflow guard, as verl's)."""
+    return torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+
+
+@register_policy_loss("sapo")
+def compute_policy_loss_sapo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+    *,
+    global_token_num: Count | None = None,
+    global_seq_num: Count | None = None,
+    dp_size: int = 1,
+    loss_scale_factor: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SAPO, Gao et al. 2025 (arXiv:2511.20347): a smooth trust region instead of PPO's clip.
+
+    ``L_t = -f(r_t, tau_t) * A_t`` with the token ratio ``r_t = exp(log_prob_t - old_log_prob_t)`` and the
+    gate ``f(r, tau) = sigmoid(tau * (r - 1)) * 4 / tau``, whose slope is 1 at ``r = 1`` (PPO's gradient
+    there) and decays smoothly as ``r`` leaves 1 instead of dropping to 0 at a clip bound;
+    ``tau_t = tau_pos`` where ``A_t > 0``, ``tau_neg`` elsewhere. Aggregated by ``agg_loss`` with
+    ``loss_agg_mode`` (the paper's objective is ``seq-mean-token-mean``; verl always uses it for SAPO).
+
+    Args:
+        old_log_prob / log_prob / advantages / response_mask: ``(bs, response_len)``.
+        loss_agg_mode / global_token_num / global_seq_num / dp_size / loss_scale_factor: see ``agg_loss``.
+        config: actor config with ``tau_pos`` and ``tau_neg`` (verl's keys; `SAPO_TAUS` when absent).
+        rollout_is_weights: ``(bs, response_len)`` weights multiplied into the per-token loss, or None.
+
+    Returns:
+        ``(pg_loss, 0, ppo_kl, 0)``: nothing is clipped; ``ppo_kl`` is the masked mean of
+        ``old_log_prob - log_prob``.
+    """
+    fn_name = "compute_policy_loss_sapo"
+    check_shapes(fn_name, response_mask, old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages)
+    tau_pos = float(getattr(config, "tau_pos", SAPO_TAUS[0]))
+    tau_neg = float(getattr(config, "tau_neg", SAPO_TAUS[1]))
+    if not (tau_pos > 0 and tau_neg > 0):
+        raise ValueError(f"{fn_name}: actor.tau_pos={tau_pos} and actor.tau_neg={tau_neg} must be > 0")
+    log_ratio = _log_ratio(log_prob, old_log_prob)
+    tau = torch.full_like(log_ratio, tau_neg).masked_fill(advantages > 0, tau_pos)
+    gate = torch.sigmoid(tau * (torch.exp(log_ratio) - 1.0)) * (4.0 / tau)
+    pg_losses = _apply_is_weights(-gate * advantages, rollout_is_weights, fn_name)
+    pg_loss = agg_loss(
+        pg_losses, response_mask, loss_agg_mode, global_token_num, global_seq_num, dp_size, loss_scale_factor
+    )
+    zero = torch.zeros((), dtype=pg_loss.dtype, device=pg_loss.device)
+    return pg_loss, zero, masked_mean(-log_ratio.detach(), response_mask), zero
+
+
+@register_policy_loss("cispo")
+def compute_policy_loss_cispo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+    *,
+    global_token_num: Count | None = None,
+    global_seq_num: Count | None = None,
+    dp_size: int = 1,
+    loss_scale_factor: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CISPO, MiniMax 2025 (MiniMax-M1, arXiv:2506.13585, Eq. 4-5): REINFORCE weighted by the clipped
+    importance ratio, which carries no gradient.
+
+    ``L_t = -sg(clip(r_t, 1 - clip_ratio_low, 1 + clip_ratio_high)) * A_t * log_prob_t``: unlike PPO's
+    clip, a token whose ratio left the bounds keeps its gradient (with the bound as its weight).
+    Aggregated by ``agg_loss``.
+
+    Args:
+        old_log_prob / log_prob / advantages / response_mask: ``(bs, response_len)``.
+        loss_agg_mode / global_token_num / global_seq_num / dp_size / loss_scale_factor: see ``agg_loss``.
+        config: actor config with ``clip_ratio`` (or ``clip_ratio_low`` / ``clip_ratio_high``).
+        rollout_is_weights: ``(bs, response_len)`` weights multiplied into the per-token loss, or None.
+
+    Returns:
+        ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)``: the valid tokens whose weight was cut at
+        either bound (verl's ``pg_clipfrac``) and at the lower bound; ``ppo_kl`` as in PPO.
+    """
+    fn_name = "compute_policy_loss_cispo"
+    check_shapes(fn_name, response_mask, old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages)
+    low, high = _clip_ratios(config, fn_name)
+    log_ratio = _log_ratio(log_prob, old_log_prob).detach()
+    ratio = torch.exp(log_ratio)
+    weight = torch.clamp(ratio, 1.0 - low, 1.0 + high)
+    pg_losses = _apply_is_weights(-weight * advantages * log_prob, rollout_is_weights, fn_name)
+    pg_loss = agg_loss(
+        pg_losses, response_mask, loss_agg_mode, global_token_num, global_seq_num, dp_size, loss_scale_factor
+    )
+    cut = (ratio != weight).to(log_prob.dtype)
+    below = (ratio < 1.0 - low).to(log_prob.dtype)
+    return (
+        pg_loss,
+        masked_mean(cut, response_mask),
+        masked_mean(-log_ratio, response_mask),
+        masked_mean(below, response_mask),
+    )

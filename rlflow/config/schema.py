@@ -224,7 +224,8 @@ class PolicyLossConfig:
     (`rlflow.algos.cov_losses`, verl's keys and defaults).
 
     Attributes:
-        loss_mode: vanilla | gspo | gpg | geo_mean | kl_cov | clip_cov | a loss registered by user code.
+        loss_mode: vanilla | gspo | gpg | geo_mean | sapo | cispo | kl_cov | clip_cov | a loss registered
+            by user code.
         clip_cov_ratio: Clip-Cov: share of the mini-batch's valid tokens whose gradient is cut, in (0, 1].
         clip_cov_lb / clip_cov_ub: Clip-Cov: the covariance interval the cut tokens are drawn from.
         kl_cov_ratio: KL-Cov: share of the valid tokens (largest covariance) given the KL penalty, in (0, 1].
@@ -252,6 +253,7 @@ class ActorConfig:
         use_dynamic_bsz: micro-batches by token budget ``ppo_max_token_len_per_gpu`` instead.
         clip_ratio_low / clip_ratio_high: asymmetric clip (None = ``clip_ratio``).
         clip_ratio_c: dual-clip constant for negative advantages (Ye et al. 2020), > 1.
+        tau_pos / tau_neg: SAPO's gate temperatures for positive / other advantages (``loss_mode=sapo``).
         loss_agg_mode: token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm.
         tis_imp_ratio_cap: truncated importance sampling between the rollout engine's and the trainer's
             probabilities (Yao et al. 2025): weights ``min(exp(old_log_prob - rollout_log_prob), cap)``
@@ -282,6 +284,8 @@ class ActorConfig:
     clip_ratio_low: float | None = None
     clip_ratio_high: float | None = None
     clip_ratio_c: float = 3.0
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
     loss_agg_mode: str = "token-mean"
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False

@@ -32,7 +32,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from rlflow.algos.advantages import ADV_ESTIMATOR_INFO, ADV_ESTIMATOR_REGISTRY
-from rlflow.algos.losses import AGG_LOSS_MODES, POLICY_LOSS_REGISTRY
+from rlflow.algos.losses import AGG_LOSS_MODES
 from rlflow.config.checkpoint_checks import check_checkpoint_contents
 from rlflow.config.checks import (
     KL_ESTIMATORS,
@@ -49,6 +49,7 @@ from rlflow.config.checks import (
 from rlflow.config.correction_checks import check_rollout_correction
 from rlflow.config.file_checks import check_data_tokenizer, check_files, check_user_code
 from rlflow.config.lora_checks import check_lora
+from rlflow.config.loss_checks import check_policy_loss
 from rlflow.config.megatron_checks import check_megatron
 from rlflow.config.resource_checks import check_local_resources
 from rlflow.config.reward_checks import check_filter_groups, check_pf_ppo, check_reward_model
@@ -352,7 +353,7 @@ def _check_actor(cfg: DictConfig) -> None:
         f"{ACTOR}.loss_agg_mode",
         AGG_LOSS_MODES,
     )
-    _check_policy_loss(cfg)
+    check_policy_loss(cfg)
     if flag(cfg, f"{ACTOR}.use_kl_loss"):
         kl_name(cfg, f"{ACTOR}.kl_loss_type")
         at_least(cfg, f"{ACTOR}.kl_loss_coef", 0.0, integer=False)
@@ -380,23 +381,6 @@ def _check_actor(cfg: DictConfig) -> None:
     _check_optim(cfg, f"{ACTOR}.optim")
     _check_fsdp(cfg, f"{ACTOR}.fsdp_config")
     _check_sharding(cfg, "actor_rollout_ref.ref.fsdp_config")
-
-
-def _check_policy_loss(cfg: DictConfig) -> None:
-    """``policy_loss.*``: a registered loss; the KL-Cov / Clip-Cov settings, all of them whatever the mode
-    (verl's defaults are valid)."""
-    pl = f"{ACTOR}.policy_loss"
-    choice(cfg, f"{pl}.loss_mode", tuple(POLICY_LOSS_REGISTRY))
-    for key in ("clip_cov_ratio", "kl_cov_ratio"):
-        ratio = positive(cfg, f"{pl}.{key}")
-        if ratio > 1:
-            raise ValueError(f"{pl}.{key}={ratio!r} must be in (0, 1]: a share of the mini-batch's tokens")
-    low, high = number(cfg, f"{pl}.clip_cov_lb"), number(cfg, f"{pl}.clip_cov_ub")
-    if not low < high:
-        raise ValueError(
-            f"{pl}.clip_cov_lb={low!r} must be < {pl}.clip_cov_ub={high!r} (a covariance interval)"
-        )
-    at_least(cfg, f"{pl}.ppo_kl_coef", 0.0, integer=False)
 
 
 def _check_critic(cfg: DictConfig) -> None:

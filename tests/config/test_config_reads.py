@@ -218,6 +218,9 @@ def test_every_key_is_read_or_refused(tmp_path, monkeypatch):
 
     ones = torch.ones(2, 3)  # Clip-Cov's keys (the runs above use vanilla and KL-Cov)
     select_cov_tokens("clip_cov", ones, -ones, -ones, ones, typed.actor_rollout_ref.actor)
+    from rlflow.algos.pg_variants import compute_policy_loss_sapo
+
+    compute_policy_loss_sapo(ones, ones, ones, ones, "token-mean", typed.actor_rollout_ref.actor)  # tau_*
     reads |= config_reads()
     reads |= _interpolation_sources(reads)
 

@@ -66,7 +66,12 @@ from rlflow.algos.losses import (
     get_policy_loss_fn,
     register_policy_loss,
 )
-from rlflow.algos.pg_variants import compute_policy_loss_geo_mean, compute_policy_loss_gpg
+from rlflow.algos.pg_variants import (
+    compute_policy_loss_cispo,
+    compute_policy_loss_geo_mean,
+    compute_policy_loss_gpg,
+    compute_policy_loss_sapo,
+)
 
 __all__ = [
     "ADV_ESTIMATOR_INFO",
@@ -89,9 +94,11 @@ __all__ = [
     "compute_kl_loss",
     "compute_opo_outcome_advantage",
     "compute_policy_loss",
+    "compute_policy_loss_cispo",
     "compute_policy_loss_geo_mean",
     "compute_policy_loss_gpg",
     "compute_policy_loss_gspo",
+    "compute_policy_loss_sapo",
     "compute_policy_loss_vanilla",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
