@@ -7,9 +7,17 @@ owner per knob. The same rewrite applies to the keys of a critic config file (``
 ==========================================  ==============================================
 verl                                        rlflow
 ==========================================  ==============================================
+``<role>.fsdp_config.strategy`` (verl's      ``<role>.strategy`` (actor, reference, critic;
+engine config)                              ``critic.model.fsdp_config.strategy`` too)
 ``critic.model.fsdp_config.*``              ``critic.fsdp_config.*``
 ``critic.fsdp.*`` (verl's engine config)    ``critic.fsdp_config.*``
 ``reward_model.model_path``                 ``reward_model.model.path``
+``reward.*`` (newer verl's reward section):  ``custom_reward_function.*``,
+``custom_reward_function.*``,                ``reward_model.reward_manager``,
+``reward_manager.name``, ``reward_kwargs.*``, ``reward_model.reward_kwargs.*``,
+``num_workers``, ``sandbox_fusion.*``,        ``reward_model.num_workers``,
+``reward_model.{enable,model_path,rollout.*}``  ``reward_model.sandbox_fusion.*``,
+                                            ``reward_model.{enable,model.path,inference.*}``
 ``reward_model.rollout.*`` (older verl)     ``reward_model.inference.*``
 ``ray_kwargs.ray_init.*`` (newer verl)      ``ray_init.*``
 ``ray_kwargs.timeline_json_file``           ``trainer.ray_timeline_json_file``
@@ -95,6 +103,11 @@ __all__ = [
 ]
 
 KEY_ALIASES: dict[str, str] = {
+    # first match wins: a whole key before the prefix that would otherwise take it
+    "actor_rollout_ref.actor.fsdp_config.strategy": "actor_rollout_ref.actor.strategy",
+    "actor_rollout_ref.ref.fsdp_config.strategy": "actor_rollout_ref.ref.strategy",
+    "critic.model.fsdp_config.strategy": "critic.strategy",
+    "critic.fsdp_config.strategy": "critic.strategy",
     "critic.model.fsdp_config": "critic.fsdp_config",
     "critic.fsdp": "critic.fsdp_config",
     "reward_model.model_path": "reward_model.model.path",
@@ -123,6 +136,14 @@ KEY_ALIASES: dict[str, str] = {
     "actor_rollout_ref.model.lora.rank": "actor_rollout_ref.model.lora_rank",
     "actor_rollout_ref.model.lora.alpha": "actor_rollout_ref.model.lora_alpha",
     "actor_rollout_ref.model.lora.target_modules": "actor_rollout_ref.model.target_modules",
+    "reward.custom_reward_function": "custom_reward_function",
+    "reward.reward_manager.name": "reward_model.reward_manager",
+    "reward.reward_kwargs": "reward_model.reward_kwargs",
+    "reward.num_workers": "reward_model.num_workers",
+    "reward.sandbox_fusion": "reward_model.sandbox_fusion",
+    "reward.reward_model.enable": "reward_model.enable",
+    "reward.reward_model.model_path": "reward_model.model.path",
+    "reward.reward_model.rollout": "reward_model.inference",
     **MEGATRON_KEY_ALIASES,
 }
 """verl key (or key prefix) -> rlflow key."""

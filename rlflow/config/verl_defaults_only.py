@@ -75,6 +75,22 @@ DEFAULT_ONLY: dict[str, tuple[tuple[str, ...], str]] = {
         "verl saves a checkpoint before an elastic (ESI) instance expires; rlflow saves every "
         "trainer.save_freq steps: drop the key",
     ),
+    "reward.reward_manager.source": (
+        ("register",),
+        "loading a reward manager class from a file is not supported: register it with "
+        "rlflow.reward.register_reward_manager in a module named by actor_rollout_ref.model.external_lib "
+        "and set reward.reward_manager.name to its name",
+    ),
+    "reward.reward_model.enable_resource_pool": (
+        _FALSE,
+        "the reward model shares the placement group of the other roles (one full copy per rank): drop the key",
+    ),
+    "reward.compute_score_kwargs": (
+        ("{}",),
+        "options of the built-in scorers are not read: wrap the scorer (e.g. rlflow.reward.gsm8k.compute_score "
+        "with method='flexible') in a custom_reward_function, or pass custom_reward_function.reward_kwargs to "
+        "your own",
+    ),
     "trainer.del_local_ckpt_after_load": (
         _FALSE,
         "rlflow keeps the local checkpoint it resumed from: drop the key",
@@ -85,6 +101,10 @@ DEFAULT_ONLY: dict[str, tuple[tuple[str, ...], str]] = {
 INERT_ANY: dict[str, str] = {
     "actor_rollout_ref.rollout.skip_dump_dir": "it is read only with rollout.skip_rollout=true, which rlflow refuses",
     "actor_rollout_ref.rollout.agent.num_workers": "verl's agent-loop workers; rlflow's rollout runs in the actor's workers",
+    "reward.reward_manager.module.path": "it is read only with reward.reward_manager.source=importlib, which rlflow refuses",
+    "reward.reward_manager.module.name": "it is read only with reward.reward_manager.source=importlib, which rlflow refuses",
+    "reward.reward_model.n_gpus_per_node": "it is read only with reward.reward_model.enable_resource_pool=true, which rlflow refuses",
+    "reward.reward_model.nnodes": "it is read only with reward.reward_model.enable_resource_pool=true, which rlflow refuses",
     "trainer.ray_wait_register_center_timeout": (
         "how long verl waits for its workers to register; rlflow's worker groups start under their own timeouts"
     ),

@@ -324,3 +324,60 @@ def test_nccl_timeout_sets_each_roles_process_group_timeout():
     for key in ("actor_rollout_ref.nccl_timeout", "critic.nccl_timeout"):
         with pytest.raises(ValueError, match=re.escape(key)):
             validate_config(load_config([f"{key}=0"], config_name="demo_two_ranks"))
+
+
+def test_verls_newer_reward_section_and_engine_strategy_are_aliases(tmp_path):
+    """verl's ``reward.*`` section (its reward manager, kwargs, score function, pool, sandbox and reward
+    model) and the engine config's ``fsdp_config.strategy`` land on rlflow's keys."""
+    score = tmp_path / "score.py"
+    score.write_text(
+        "def my_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n"
+    )
+    cfg = load_config(
+        [
+            "reward.reward_manager.name=dapo",
+            "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
+            "+reward.reward_kwargs.overlong_buffer_cfg.len=2",
+            "reward.custom_reward_function.path=" + str(score),
+            "reward.custom_reward_function.name=my_score",
+            "reward.num_workers=2",
+            "reward.sandbox_fusion.max_concurrent=8",
+            "reward.reward_model.enable=False",
+            "reward.reward_model.rollout.name=hf",
+            "reward.reward_manager.source=register",  # the off values of what rlflow lacks: dropped
+            "reward.reward_model.enable_resource_pool=False",
+            "reward.compute_score_kwargs={}",
+            "reward.reward_manager.module.path=null",
+            "reward.reward_model.n_gpus_per_node=8",
+            "actor_rollout_ref.actor.fsdp_config.strategy=fsdp",
+            "actor_rollout_ref.ref.fsdp_config.strategy=fsdp",
+            "critic.model.fsdp_config.strategy=fsdp",
+        ],
+        config_name="demo_two_ranks",
+    )
+    validate_config(cfg)
+    rm = cfg.reward_model
+    assert (rm.reward_manager, rm.reward_kwargs.overlong_buffer_cfg.len, rm.num_workers) == ("dapo", 2, 2)
+    assert (rm.sandbox_fusion.max_concurrent, rm.enable, rm.inference.name) == (8, False, "hf")
+    assert (cfg.custom_reward_function.path, cfg.custom_reward_function.name) == (str(score), "my_score")
+    assert (
+        cfg.actor_rollout_ref.actor.strategy
+        == cfg.actor_rollout_ref.ref.strategy
+        == cfg.critic.strategy
+        == "fsdp"
+    )
+    assert "strategy" not in cfg.critic.fsdp_config
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("reward.reward_manager.source=importlib", "register it with rlflow.reward.register_reward_manager"),
+        ("reward.reward_model.enable_resource_pool=true", "shares the placement group"),
+        ("reward.compute_score_kwargs={method:flexible}", "wrap the scorer"),
+    ],
+)
+def test_verls_newer_reward_switches_rlflow_lacks_are_refused(override, message):
+    key = override.split("=", 1)[0]
+    with pytest.raises(ValueError, match=rf"^{re.escape(key)}=.*{re.escape(message)}"):
+        load_config([override], config_name="demo_two_ranks")

@@ -34,6 +34,7 @@ from .verl_scripts import (
     REINFORCE_PP_QWEN2_7B_MATH,
     REMAX_QWEN25_3B_SEQ_BALANCE,
     RLOO_QWEN2_7B,
+    SAPO_QWEN3_30B,
 )
 
 PORTS = {name: value for name, value in vars(verl_scripts).items() if name.isupper()}
@@ -156,6 +157,27 @@ def test_gpg_qwen2_7b_math_runs_two_steps(tmp_path):
         for key in ("actor/pg_loss", "actor/grad_norm", "critic/advantages/mean"):
             assert math.isfinite(h[key]), key
         assert h["actor/pg_clipfrac"] == 0.0  # GPG has no ratio to clip
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_sapo_port_in_verls_newer_layout_runs_two_steps(tmp_path):
+    """verl's newer spellings: ``reward.reward_manager.name`` / ``reward.reward_kwargs.*`` (the DAPO manager
+    with its overlong buffer) and ``actor.fsdp_config.strategy``; SAPO's loss with Ulysses SP 2."""
+    cfg = load_config([*SAPO_QWEN3_30B, *_local(tmp_path)])
+    assert (
+        cfg.reward_model.reward_manager == "dapo"
+        and cfg.reward_model.reward_kwargs.overlong_buffer_cfg.len == 4
+    )
+    assert cfg.actor_rollout_ref.actor.strategy == "fsdp"
+    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "sapo"
+    history = run_ppo(cfg)["history"]
+    steps = [h for h in history if h["step"] > 0]
+    assert [h["step"] for h in steps] == [1, 2]
+    for h in steps:
+        for key in ("actor/pg_loss", "actor/grad_norm", "actor/ppo_kl"):
+            assert math.isfinite(h[key]), key
+        assert h["actor/pg_clipfrac"] == 0.0  # SAPO's gate clips nothing
 
 
 @pytest.mark.slow

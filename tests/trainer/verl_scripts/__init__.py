@@ -34,6 +34,7 @@ from .outcome import (
     REINFORCE_PP_QWEN2_7B_MATH,
     REMAX_QWEN25_3B_SEQ_BALANCE,
     RLOO_QWEN2_7B,
+    SAPO_QWEN3_30B,
 )
 from .ppo import (
     DEEPSEEK7B_SP2,
@@ -71,4 +72,5 @@ __all__ = [
     "REINFORCE_PP_QWEN2_7B_MATH",
     "REMAX_QWEN25_3B_SEQ_BALANCE",
     "RLOO_QWEN2_7B",
+    "SAPO_QWEN3_30B",
 ]

@@ -285,3 +285,65 @@ DAPO_7B_MATH = [
     "trainer.resume_mode=auto",
     "trainer.log_val_generations=10",
 ]
+
+# examples/sapo_trainer/run_qwen30b_sapo.sh (verl's newer layout: the reward section ``reward.*`` and the
+# engine's ``fsdp_config.strategy``), its FSDP branch with GRPO: SAPO's smooth gate with tau_pos / tau_neg
+# and DAPO's overlong reward shaping.
+SAPO_QWEN3_30B = [
+    "algorithm.adv_estimator=grpo",
+    "algorithm.use_kl_in_reward=False",
+    "algorithm.kl_ctrl.kl_coef=0.001",
+    "algorithm.gamma=1.0",
+    "algorithm.lam=0.95",
+    "data.return_raw_chat=True",
+    "data.train_batch_size=4",  # env: 256
+    "data.max_prompt_length=32",  # env: 2048
+    "data.max_response_length=8",  # env: 8192
+    "data.filter_overlong_prompts=True",
+    "data.filter_overlong_prompts_workers=64",
+    "data.truncation='error'",
+    "trainer.use_legacy_worker_impl=disable",
+    "trainer.critic_warmup=0",
+    "trainer.logger=[console]",  # env: console + wandb
+    "trainer.project_name=RL4LLM",
+    "trainer.experiment_name=qwen3-30B-base-vanilla-fsdp",
+    "trainer.n_gpus_per_node=2",  # env: 8
+    "data.dataloader_num_workers=0",  # env: verl's default 8 loader processes, on 2 cores
+    "trainer.nnodes=1",  # env: the Slurm allocation's nodes
+    "trainer.val_before_train=False",
+    "trainer.log_val_generations=100",
+    "trainer.save_freq=-1",
+    "trainer.test_freq=10",
+    "trainer.total_epochs=10",
+    "trainer.total_training_steps=2000",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.model.use_remove_padding=True",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.use_kl_loss=False",
+    "actor_rollout_ref.actor.kl_loss_coef=0.001",
+    "actor_rollout_ref.actor.tau_pos=1.0",
+    "actor_rollout_ref.actor.tau_neg=1.05",
+    "actor_rollout_ref.actor.policy_loss.loss_mode=sapo",
+    "actor_rollout_ref.actor.use_dynamic_bsz=True",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # env: 32
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=120",  # env: 3 x (prompt + response)
+    "actor_rollout_ref.actor.fsdp_config.strategy=fsdp",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",  # env: 4
+    "actor_rollout_ref.rollout.name=hf",  # env: vllm
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # env: 4
+    "actor_rollout_ref.rollout.data_parallel_size=1",
+    "actor_rollout_ref.rollout.expert_parallel_size=1",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.8",
+    "actor_rollout_ref.rollout.n=4",  # env: 16
+    "actor_rollout_ref.rollout.val_kwargs.top_p=0.7",
+    "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+    "actor_rollout_ref.rollout.val_kwargs.n=1",
+    "reward.reward_manager.name=dapo",
+    "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
+    "+reward.reward_kwargs.overlong_buffer_cfg.len=4",  # env: 4096
+    "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
+    "+reward.reward_kwargs.overlong_buffer_cfg.log=False",
+    "+reward.reward_kwargs.max_resp_len=8",  # env: 8192
+]
