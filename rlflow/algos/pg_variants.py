@@ -224,7 +224,8 @@ def compute_policy_loss_cispo(
 
     ``L_t = -sg(clip(r_t, 1 - clip_ratio_low, 1 + clip_ratio_high)) * A_t * log_prob_t``: unlike PPO's
     clip, a token whose ratio left the bounds keeps its gradient (with the bound as its weight).
-    Aggregated by ``agg_loss``.
+    ``clip_ratio_low >= 1`` leaves the weight without a lower bound (the paper's setting: only large
+    weights are cut). Aggregated by ``agg_loss``.
 
     Args:
         old_log_prob / log_prob / advantages / response_mask: ``(bs, response_len)``.

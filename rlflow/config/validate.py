@@ -360,10 +360,12 @@ def _check_actor(cfg: DictConfig) -> None:
     number(cfg, f"{ACTOR}.entropy_coeff")
     clip = positive(cfg, f"{ACTOR}.clip_ratio")
     low = positive(cfg, f"{ACTOR}.clip_ratio_low", allow_none=True)
-    if (clip if low is None else low) >= 1:
+    cispo = value_at(cfg, f"{ACTOR}.policy_loss.loss_mode") == "cispo"  # >= 1: no lower bound on its weight
+    if (clip if low is None else low) >= 1 and not cispo:
         key = f"{ACTOR}.clip_ratio" if low is None else f"{ACTOR}.clip_ratio_low"
         raise ValueError(
-            f"{key}={clip if low is None else low!r} must be < 1 (the ratio is clipped at 1 - it)"
+            f"{key}={clip if low is None else low!r} must be < 1 (the ratio is clipped at 1 - it; with "
+            "policy_loss.loss_mode=cispo a value >= 1 leaves its weight without a lower bound)"
         )
     positive(cfg, f"{ACTOR}.clip_ratio_high", allow_none=True)
     clip_c = number(cfg, f"{ACTOR}.clip_ratio_c")

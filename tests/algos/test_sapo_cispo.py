@@ -88,6 +88,24 @@ def test_sapo_temperatures_are_checked_before_ray_starts(caplog):
     assert "verl always aggregates sapo as seq-mean-token-mean" in caplog.text
 
 
+def test_cispo_may_leave_its_weight_without_a_lower_bound():
+    from rlflow.trainer.check_config import check_config
+
+    low = ["actor_rollout_ref.actor.clip_ratio_low=10", "actor_rollout_ref.actor.clip_ratio_high=0.28"]
+    check_config([*low, "actor_rollout_ref.actor.policy_loss.loss_mode=cispo"], "demo")
+    with pytest.raises(ValueError, match=r"clip_ratio_low=10\.0 must be < 1"):
+        check_config(low, "demo")  # PPO's clip at 1 - 10 would be no clip
+    log_prob = torch.log(torch.tensor([[0.01, 2.0]], dtype=torch.float64))
+    cfg = SimpleNamespace(clip_ratio=0.2, clip_ratio_low=10.0, clip_ratio_high=0.28)
+    adv = torch.ones(1, 2, dtype=torch.float64)
+    loss, clipfrac, _, lower = compute_policy_loss_cispo(
+        torch.zeros(1, 2), log_prob, adv, torch.ones(1, 2), "token-mean", cfg
+    )
+    # weights 0.01 (no lower bound) and 1.28
+    assert loss.item() == pytest.approx(-(0.01 * math.log(0.01) + 1.28 * math.log(2.0)) / 2, abs=1e-12)
+    assert clipfrac.item() == 0.5 and lower.item() == 0.0
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_session")
 def test_first_update_has_ppos_gradient(tmp_path):
