@@ -25,6 +25,8 @@ engine config)                              ``critic.model.fsdp_config.strategy`
                                             reward model)
 ``rollout.checkpoint_engine.update_weights  ``rollout.update_weights_bucket_megabytes``
 _bucket_megabytes`` (newer verl)            (both under ``actor_rollout_ref``)
+``algorithm.rollout_correction.loss_type``   ``ppo_clip``: ``rollout_correction.use_policy_gradient=false``;
+(newer verl)                                ``reinforce``: ``use_policy_gradient=true``
 ``actor_rollout_ref.actor.use_gpg_loss``    ``true``: ``actor.policy_loss.loss_mode=gpg``;
                                             ``false``: dropped (the loss mode stays)
 ``actor_rollout_ref.model.use_liger``       ``true``: ``model.use_fused_kernels=true`` (Liger's
@@ -154,6 +156,14 @@ FLAG_ALIASES: dict[str, str] = {
 }
 """verl boolean key -> the rlflow override it stands for when true (dropped when false)."""
 
+VALUE_ALIASES: dict[str, dict[str, str]] = {
+    "algorithm.rollout_correction.loss_type": {
+        "ppo_clip": "algorithm.rollout_correction.use_policy_gradient=false",
+        "reinforce": "algorithm.rollout_correction.use_policy_gradient=true",
+    },
+}
+"""verl key -> {its value: the rlflow override that value stands for}; another value is refused."""
+
 _ENTROPY_ALWAYS = (
     "rlflow always computes the entropy in row blocks of the logits and recomputes the softmax in the "
     "backward (rlflow.utils.torch_functional.entropy_from_logits): what true asks for, at no cost when false"
@@ -280,6 +290,9 @@ def rewrite_overrides(overrides: Iterable[str]) -> list[str]:
         if key in INERT_CHOICES and rest and prefix != "~":
             _inert_choice(key, unquote(rest.removeprefix("=")))
             continue
+        if key in VALUE_ALIASES and rest.startswith("=") and prefix != "~":
+            out.append(_value_alias(key, unquote(rest.removeprefix("="))))
+            continue
         if key in COEF_ALIASES and rest:
             out.extend(_coef(key, rest.removeprefix("=")))
             continue
@@ -330,6 +343,15 @@ def _flag(key: str, value: str, done: list[str], overrides: Iterable[str]) -> li
             raise ValueError(f"{key}={value} means {target}, but the command line also sets {other}")
     _note(f"{key}={value}", target)
     return [target]
+
+
+def _value_alias(key: str, value: str) -> str:
+    """The override a `VALUE_ALIASES` key's ``value`` stands for."""
+    choices = VALUE_ALIASES[key]
+    if value not in choices:
+        raise ValueError(f"{key}={value!r} must be one of {sorted(choices)} (verl's names)")
+    _note(f"{key}={value}", choices[value])
+    return choices[value]
 
 
 def _same_value(key: str, value: str, target: str) -> bool:

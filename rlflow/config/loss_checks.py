@@ -34,6 +34,7 @@ def check_policy_loss(cfg: DictConfig) -> None:
             f"{pl}.clip_cov_lb={low!r} must be < {pl}.clip_cov_ub={high!r} (a covariance interval)"
         )
     at_least(cfg, f"{pl}.ppo_kl_coef", 0.0, integer=False)
+    positive(cfg, f"{ACTOR}.loss_scale_factor", allow_none=True)
     positive(cfg, f"{ACTOR}.tau_pos")
     positive(cfg, f"{ACTOR}.tau_neg")
     agg = value_at(cfg, f"{ACTOR}.loss_agg_mode")

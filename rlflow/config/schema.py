@@ -255,6 +255,8 @@ class ActorConfig:
         clip_ratio_c: dual-clip constant for negative advantages (Ye et al. 2020), > 1.
         tau_pos / tau_neg: SAPO's gate temperatures for positive / other advantages (``loss_mode=sapo``).
         loss_agg_mode: token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm.
+        loss_scale_factor: ``seq-mean-token-sum-norm``'s divisor of each sequence's loss sum (null: the
+            response length ``data.max_response_length``; Dr. GRPO's constant).
         tis_imp_ratio_cap: truncated importance sampling between the rollout engine's and the trainer's
             probabilities (Yao et al. 2025): weights ``min(exp(old_log_prob - rollout_log_prob), cap)``
             multiply the per-token policy loss; -1 = off; needs ``rollout.calculate_log_probs``.
@@ -287,6 +289,7 @@ class ActorConfig:
     tau_pos: float = 1.0
     tau_neg: float = 1.05
     loss_agg_mode: str = "token-mean"
+    loss_scale_factor: float | None = None
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001

@@ -257,7 +257,7 @@ class DataParallelPPOActor:
 
     def _accumulate_mini_batch(self, mini: DataProto, acc: MetricAccumulator) -> None:
         cfg = self.config
-        norm = loss_normalisers(mini.batch, self.dp_group)
+        norm = loss_normalisers(mini.batch, self.dp_group, cfg.loss_scale_factor)
         mode, entropy_coeff = cfg.loss_agg_mode, float(cfg.entropy_coeff)
         policy_loss = self._policy_loss()
         self._mini_batch_seed += 1

@@ -240,14 +240,19 @@ def select_update_batch(data: DataProto, keys: list[str]) -> DataProto:
     return out
 
 
-def loss_normalisers(mini_batch: Any, dp_group: Any = None) -> dict[str, Any]:
-    """``agg_loss``'s global arguments for one mini-batch (TensorDict with ``response_mask``, ``responses``)."""
+def loss_normalisers(
+    mini_batch: Any, dp_group: Any = None, scale_factor: float | None = None
+) -> dict[str, Any]:
+    """``agg_loss``'s global arguments for one mini-batch (TensorDict with ``response_mask``, ``responses``);
+    ``scale_factor`` is ``seq-mean-token-sum-norm``'s divisor (None: the response length)."""
     tokens, seqs = global_loss_counts(mini_batch["response_mask"], dp_group)
     return {
         "global_token_num": tokens,
         "global_seq_num": seqs,
         "dp_size": group_size(dp_group),
-        "loss_scale_factor": mini_batch["responses"].shape[-1],
+        "loss_scale_factor": mini_batch["responses"].shape[-1]
+        if scale_factor is None
+        else float(scale_factor),
     }
 
 

@@ -381,3 +381,11 @@ def test_verls_newer_reward_switches_rlflow_lacks_are_refused(override, message)
     key = override.split("=", 1)[0]
     with pytest.raises(ValueError, match=rf"^{re.escape(key)}=.*{re.escape(message)}"):
         load_config([override], config_name="demo_two_ranks")
+
+
+def test_verls_rollout_correction_loss_type_names_the_policy_gradient_switch():
+    for value, flag in (("reinforce", True), ("ppo_clip", False)):
+        cfg = load_config([f"algorithm.rollout_correction.loss_type={value}"], config_name="demo_two_ranks")
+        assert cfg.algorithm.rollout_correction.use_policy_gradient is flag
+    with pytest.raises(ValueError, match=r"^algorithm\.rollout_correction\.loss_type='pg' must be one of"):
+        load_config(["algorithm.rollout_correction.loss_type=pg"], config_name="demo_two_ranks")
