@@ -63,22 +63,40 @@ def load_dataset_class(path: str | None, name: str | None) -> type[Dataset]:
 
 
 def build_rl_dataset(
-    cls: type[Dataset], data_files: Sequence[str | os.PathLike], tokenizer: Any, config: DataConfig
+    cls: type[Dataset],
+    data_files: Sequence[str | os.PathLike],
+    tokenizer: Any,
+    config: DataConfig,
+    max_samples: tuple[str, int] = ("data.train_max_samples", -1),
 ) -> Dataset:
-    """``cls(data_files=..., tokenizer=..., config=...)`` (and ``processor=None`` when it takes one); a
-    class other than `RLHFDataset` gets its first item checked against `RLHFDataset`'s layout.
+    """``cls(data_files=..., tokenizer=..., config=...)`` (and ``processor=None`` when it takes one, and
+    ``max_samples`` when it is set); a class other than `RLHFDataset` gets its first item checked against
+    `RLHFDataset`'s layout.
+
+    Args:
+        max_samples: ``(key, value)`` of ``data.train_max_samples`` / ``val_max_samples``: > 0 passes
+            ``max_samples=value`` (verl's argument).
 
     Raises:
-        ValueError: naming ``data.custom_cls`` and the class: an empty dataset or an item without the
-            left-padded prompt tensors.
+        ValueError: naming ``data.custom_cls`` and the class: an empty dataset, an item without the
+            left-padded prompt tensors, or a set ``max_samples`` the class does not take.
     """
     kwargs: dict[str, Any] = {
         "data_files": [str(f) for f in data_files],
         "tokenizer": tokenizer,
         "config": config,
     }
-    if "processor" in inspect.signature(cls).parameters:
+    parameters = inspect.signature(cls).parameters
+    if "processor" in parameters:
         kwargs["processor"] = None
+    key, limit = max_samples
+    if int(limit) > 0:
+        if "max_samples" not in parameters:
+            raise ValueError(
+                f"{key}={limit}: {CUSTOM_CLS_KEY} ({cls.__name__}) takes no max_samples argument; add one "
+                "(verl's dataset signature) or subsample the files"
+            )
+        kwargs["max_samples"] = int(limit)
     dataset = cls(**kwargs)
     if cls is not RLHFDataset:
         _check_first_item(dataset, f"{CUSTOM_CLS_KEY} ({cls.__name__})", int(config.max_prompt_length))

@@ -123,10 +123,17 @@ class RLHFDataset(Dataset):
         data_files: one path or a list of ``.parquet`` / ``.jsonl`` files.
         tokenizer: a transformers tokenizer with a chat template and a pad token.
         config: the ``data`` section (`rlflow.config.schema.DataConfig`).
+        max_samples: > 0 keeps that many rows of the files, before overlong prompts are filtered (verl's
+            argument, from ``data.train_max_samples`` / ``val_max_samples``): drawn without replacement with
+            ``config.seed`` when ``config.shuffle``, else the first ones; -1 keeps every row.
     """
 
     def __init__(
-        self, data_files: str | os.PathLike | Sequence[str | os.PathLike], tokenizer: Any, config: DataConfig
+        self,
+        data_files: str | os.PathLike | Sequence[str | os.PathLike],
+        tokenizer: Any,
+        config: DataConfig,
+        max_samples: int = -1,
     ):
         if config.truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation={config.truncation!r} must be one of {list(TRUNCATION_MODES)}")
@@ -142,6 +149,7 @@ class RLHFDataset(Dataset):
         if not self.data_files:
             raise ValueError("RLHFDataset: data_files is empty")
         self.num_filtered = 0
+        self.max_samples = int(max_samples)
         self._build()
 
     # ---- building --------------------------------------------------------------------------------------
@@ -154,6 +162,17 @@ class RLHFDataset(Dataset):
             if not rows:
                 logger.warning("RLHFDataset: %s has no rows", file)
             entries.extend((file, i, row) for i, row in enumerate(rows))
+        if 0 < self.max_samples < len(entries):
+            if self.config.shuffle:
+                keep = np.random.default_rng(int(self.config.seed)).choice(
+                    len(entries), self.max_samples, replace=False
+                )
+            else:
+                keep = np.arange(self.max_samples)
+            logger.info(
+                "RLHFDataset: %d of the files' %d rows kept (max_samples)", self.max_samples, len(entries)
+            )
+            entries = [entries[i] for i in keep.tolist()]
         return entries
 
     def _template(self, messages: list[dict[str, Any]], where: str) -> str:

@@ -118,8 +118,10 @@ def build_data(config: PPOTrainerConfig, tokenizer: Any) -> tuple[Any, Any]:
 
     data = config.data
     dataset_cls = load_dataset_class(data.custom_cls.path, data.custom_cls.name)
-    train = build_rl_dataset(dataset_cls, _files(data.train_files), tokenizer, data)
-    val = build_rl_dataset(dataset_cls, _files(data.val_files), tokenizer, data)
+    train_limit = ("data.train_max_samples", int(data.train_max_samples))
+    train = build_rl_dataset(dataset_cls, _files(data.train_files), tokenizer, data, train_limit)
+    val_limit = ("data.val_max_samples", int(data.val_max_samples))
+    val = build_rl_dataset(dataset_cls, _files(data.val_files), tokenizer, data, val_limit)
     workers = int(data.dataloader_num_workers)
     train_loader = create_rl_dataloader(
         train,

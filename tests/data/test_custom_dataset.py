@@ -163,3 +163,43 @@ def test_a_ppo_step_trains_on_the_custom_dataset(files, tmp_path: Path):
     )
     history = run_ppo(cfg)["history"]
     assert [h["step"] for h in history] == [1]  # 10 items of FirstHalf, batches of 8, the last dropped
+
+
+def test_max_samples_keeps_the_first_rows_or_a_seeded_draw(files):
+    """``data.train_max_samples`` / ``val_max_samples`` (verl's): the first rows without shuffling, else
+    rows drawn without replacement with ``data.seed``; the dataloaders follow."""
+    import numpy as np
+
+    from rlflow.trainer.main_ppo import build_data
+
+    tokenizer = build_tiny_tokenizer()
+    all_rows = read_rows(files["train"])
+    prompts = [r["prompt"][0]["content"] for r in all_rows]
+
+    def contents(dataset) -> list[str]:
+        return [m[0]["content"] for m in (dataset[i]["raw_prompt"] for i in range(len(dataset)))]
+
+    base = _data(files, None)
+    base.data.return_raw_chat = True
+    base.data.shuffle = False
+    cfg = to_typed(base).data
+    assert contents(RLHFDataset([files["train"]], tokenizer, cfg, max_samples=5)) == prompts[:5]
+    assert len(RLHFDataset([files["train"]], tokenizer, cfg, max_samples=50)) == 20  # more than the rows
+    base.data.shuffle = True
+    base.data.seed = 7
+    cfg = to_typed(base).data
+    drawn = np.random.default_rng(7).choice(20, 5, replace=False).tolist()
+    assert contents(RLHFDataset([files["train"]], tokenizer, cfg, max_samples=5)) == [
+        prompts[i] for i in drawn
+    ]
+
+    base.data.train_max_samples, base.data.val_max_samples = 8, 2
+    train_loader, val_loader = build_data(to_typed(base), tokenizer)
+    assert (len(train_loader.dataset), len(val_loader.dataset), len(train_loader)) == (8, 2, 2)
+
+    custom = _data(files, "VerlSignature")  # verl's signature without max_samples
+    custom.data.val_max_samples = 2
+    with pytest.raises(
+        ValueError, match=r"^data\.val_max_samples=2: data\.custom_cls \(VerlSignature\) takes no"
+    ):
+        build_data(to_typed(custom), tokenizer)
