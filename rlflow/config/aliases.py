@@ -7,8 +7,9 @@ owner per knob. The same rewrite applies to the keys of a critic config file (``
 ==========================================  ==============================================
 verl                                        rlflow
 ==========================================  ==============================================
-``<role>.fsdp_config.strategy`` (verl's      ``<role>.strategy`` (actor, reference, critic;
-engine config)                              ``critic.model.fsdp_config.strategy`` too)
+``<role>.fsdp_config.strategy``,             ``<role>.strategy``,
+``<role>.fsdp_config.ulysses_sequence_       ``<role>.ulysses_sequence_parallel_size`` (actor,
+parallel_size`` (verl's engine config)       reference, critic; ``critic.model.fsdp_config.*`` too)
 ``critic.model.fsdp_config.*``              ``critic.fsdp_config.*``
 ``critic.fsdp.*`` (verl's engine config)    ``critic.fsdp_config.*``
 ``reward_model.model_path``                 ``reward_model.model.path``
@@ -110,6 +111,11 @@ KEY_ALIASES: dict[str, str] = {
     "actor_rollout_ref.ref.fsdp_config.strategy": "actor_rollout_ref.ref.strategy",
     "critic.model.fsdp_config.strategy": "critic.strategy",
     "critic.fsdp_config.strategy": "critic.strategy",
+    **{
+        f"{role}.fsdp_config.ulysses_sequence_parallel_size": f"{role}.ulysses_sequence_parallel_size"
+        for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
+    },
+    "critic.model.fsdp_config.ulysses_sequence_parallel_size": "critic.ulysses_sequence_parallel_size",
     "critic.model.fsdp_config": "critic.fsdp_config",
     "critic.fsdp": "critic.fsdp_config",
     "reward_model.model_path": "reward_model.model.path",

@@ -328,7 +328,8 @@ def test_nccl_timeout_sets_each_roles_process_group_timeout():
 
 def test_verls_newer_reward_section_and_engine_strategy_are_aliases(tmp_path):
     """verl's ``reward.*`` section (its reward manager, kwargs, score function, pool, sandbox and reward
-    model) and the engine config's ``fsdp_config.strategy`` land on rlflow's keys."""
+    model) and the engine config's ``fsdp_config.strategy`` / ``ulysses_sequence_parallel_size`` land on
+    rlflow's keys."""
     score = tmp_path / "score.py"
     score.write_text(
         "def my_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n"
@@ -352,6 +353,8 @@ def test_verls_newer_reward_section_and_engine_strategy_are_aliases(tmp_path):
             "actor_rollout_ref.actor.fsdp_config.strategy=fsdp",
             "actor_rollout_ref.ref.fsdp_config.strategy=fsdp",
             "critic.model.fsdp_config.strategy=fsdp",
+            "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2",
+            "critic.model.fsdp_config.ulysses_sequence_parallel_size=2",
         ],
         config_name="demo_two_ranks",
     )
@@ -367,6 +370,11 @@ def test_verls_newer_reward_section_and_engine_strategy_are_aliases(tmp_path):
         == "fsdp"
     )
     assert "strategy" not in cfg.critic.fsdp_config
+    assert (
+        cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size
+        == cfg.critic.ulysses_sequence_parallel_size
+        == 2
+    )
 
 
 @pytest.mark.parametrize(
