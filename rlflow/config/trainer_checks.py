@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from collections.abc import Mapping
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig
 
 from rlflow.config.checks import at_least, choice, every_or_never, flag, optional_flag, positive, value_at
 from rlflow.config.global_sizes import role_world_size
@@ -18,6 +21,7 @@ __all__ = [
     "check_cpu_linear_kernel",
     "check_profiler",
     "check_trainer",
+    "runtime_env_vars",
 ]
 
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
@@ -48,6 +52,7 @@ def check_trainer(cfg: DictConfig) -> None:
             "Set trainer.overlap_updates to null (on only where it helps) or false"
         )
     check_cpu_linear_kernel(cfg)
+    runtime_env_vars(value_at(cfg, "ray_init.runtime_env"))
     choice(cfg, "trainer.resume_mode", RESUME_MODES)
     check_mirror_destination(
         value_at(cfg, "trainer.default_hdfs_dir"), str(value_at(cfg, "trainer.default_local_dir"))
@@ -119,3 +124,35 @@ def check_profiler(cfg: DictConfig) -> None:
             f"trainer.profile_steps={steps} but no role selects a rank to profile: set "
             "<role>.profile_ranks (e.g. actor_rollout_ref.actor.profile_ranks=[0]) or <role>.profile_ranks_all=true"
         )
+
+
+PER_RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "RLFLOW_WORKER_GROUP")
+"""Variables rlflow sets for each worker process itself."""
+
+
+def runtime_env_vars(runtime_env: Any) -> dict[str, str]:
+    """``ray_init.runtime_env.env_vars`` as strings, checked: a mapping of names to scalar values, none of
+    them one rlflow sets per rank (`PER_RANK_VARS`) or per pool (``OMP_NUM_THREADS``)."""
+    if runtime_env is None:
+        return {}
+    if not isinstance(runtime_env, Mapping):
+        raise ValueError(f"ray_init.runtime_env={runtime_env!r} must be a mapping (Ray's runtime_env)")
+    env = runtime_env.get("env_vars") or {}
+    if not isinstance(env, Mapping):
+        raise ValueError(
+            f"ray_init.runtime_env.env_vars={env!r} must be a mapping of variable names to values"
+        )
+    out = {}
+    for name, value in env.items():
+        key = f"ray_init.runtime_env.env_vars.{name}"
+        if isinstance(value, Mapping | list | tuple | ListConfig | DictConfig):
+            raise ValueError(f"{key}={value!r}: an environment variable's value must be a string or a number")
+        if name in PER_RANK_VARS:
+            raise ValueError(f"{key}: rlflow sets {name} for each worker process itself; drop it")
+        if name == "OMP_NUM_THREADS":
+            raise ValueError(
+                f"{key}: a rank's threads follow its CPUs (trainer.cpus_per_worker, trainer.n_gpus_per_node); "
+                "drop it"
+            )
+        out[str(name)] = "" if value is None else str(value)
+    return out

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["RayInitConfig", "TrainerConfig"]
 
@@ -110,8 +111,16 @@ class TrainerConfig:
 
 @dataclass
 class RayInitConfig:
-    """``ray_init``: arguments of ``ray.init`` (None = Ray's default; address None = a local Ray)."""
+    """``ray_init``: arguments of ``ray.init`` (None = Ray's default; address None = a local Ray).
+
+    Attributes:
+        runtime_env: Ray's runtime environment of the job (verl's ``ray_kwargs.ray_init.runtime_env``):
+            ``env_vars`` also reach every worker's process (after rlflow's own, before the per-rank
+            variables, which are refused here); the other fields (``pip``, ``working_dir``, ...) go to
+            ``ray.init`` when rlflow starts or joins Ray.
+    """
 
     address: str | None = None
     num_cpus: int | None = None
     object_store_memory: int | None = None
+    runtime_env: dict[str, Any] = field(default_factory=dict)

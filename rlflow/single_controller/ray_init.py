@@ -45,17 +45,24 @@ def init_ray(
     object_store_memory: int | None = None,
     env_vars: dict[str, str] | None = None,
     namespace: str | None = None,
+    runtime_env: dict[str, Any] | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
     """Start a local Ray instance (dashboard off, bounded object store) or join ``address``.
 
     ``address`` falls back to the ``RAY_ADDRESS`` environment variable; with neither, a fresh local
     cluster is started.  Does nothing when Ray is already initialised.  Returns the cluster resources.
+    ``runtime_env`` is the job's Ray runtime environment (``ray_init.runtime_env``); its ``env_vars`` are
+    added to `worker_env_vars` (``env_vars`` wins).
     """
     if ray.is_initialized():
         return ray.cluster_resources()
     address = address or os.environ.get("RAY_ADDRESS") or None
-    runtime_env = {"env_vars": worker_env_vars(env_vars)}
+    user = {k: v for k, v in (runtime_env or {}).items() if v is not None}  # verl spells out null fields
+    runtime_env = {
+        **user,
+        "env_vars": worker_env_vars({**dict(user.get("env_vars") or {}), **(env_vars or {})}),
+    }
     if address:
         logger.info("joining the Ray cluster at %s", address)
         ray.init(address=address, runtime_env=runtime_env, namespace=namespace, **kwargs)

@@ -252,6 +252,7 @@ def megatron_summaries(config: PPOTrainerConfig) -> list[str]:
 
 
 def _trainer(config: PPOTrainerConfig, tracker: Any | None) -> Any:
+    from rlflow.config.trainer_checks import runtime_env_vars
     from rlflow.models.loader import load_tokenizer
     from rlflow.single_controller import init_ray
     from rlflow.trainer.ray_trainer import RayPPOTrainer
@@ -275,7 +276,10 @@ def _trainer(config: PPOTrainerConfig, tracker: Any | None) -> Any:
         custom_adv = load_custom_advantage_fn(str(spec.path), str(spec.name))
     ray_cfg = config.ray_init
     init_ray(
-        address=ray_cfg.address, num_cpus=ray_cfg.num_cpus, object_store_memory=ray_cfg.object_store_memory
+        address=ray_cfg.address,
+        num_cpus=ray_cfg.num_cpus,
+        object_store_memory=ray_cfg.object_store_memory,
+        runtime_env={**ray_cfg.runtime_env, "env_vars": runtime_env_vars(ray_cfg.runtime_env)},
     )
     return RayPPOTrainer(
         config, tokenizer, reward_fn, val_reward_fn, train_loader, val_loader, custom_adv, tracker=tracker

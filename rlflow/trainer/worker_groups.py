@@ -21,6 +21,7 @@ import ray
 from rlflow.config import needed_roles
 from rlflow.config.resource_checks import cpus_per_rank, ray_address
 from rlflow.config.schema import PPOTrainerConfig
+from rlflow.config.trainer_checks import runtime_env_vars
 from rlflow.logging.tracking import run_log_dir
 from rlflow.models.cpu_linear import resolve_cpu_linear_kernel
 from rlflow.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
@@ -150,12 +151,14 @@ def build_worker_groups(config: PPOTrainerConfig, total_training_steps: int) -> 
     roles = needed_roles(config)
     pool = resource_pool(config, len(roles))
     timeout = float(config.trainer.worker_start_timeout_s)
+    env_vars = runtime_env_vars(config.ray_init.runtime_env)  # also when Ray ran before (a notebook, a test)
 
     def group(cls: type, name: str, num_workers: int | None = None) -> RayWorkerGroup:
         return RayWorkerGroup(
             pool,
             RayClassWithInitArgs(cls, config=config, total_training_steps=int(total_training_steps)),
             name_prefix=name,
+            env_vars=env_vars,
             num_workers=num_workers,
             start_timeout_s=timeout,
         )
