@@ -13,6 +13,10 @@ parallel_size`` (verl's engine config)       reference, critic; ``critic.model.f
 ``critic.model.fsdp_config.*``              ``critic.fsdp_config.*``
 ``critic.fsdp.*`` (verl's engine config)    ``critic.fsdp_config.*``
 ``reward_model.model_path``                 ``reward_model.model.path``
+``actor.policy_loss.tau_{pos,neg}`` (a verl  ``actor.tau_pos`` / ``actor.tau_neg`` (SAPO)
+SAPO script)
+``rollout.enable_sleep_mode`` (vLLM's)       ``rollout.free_cache_engine`` (rlflow's vLLM sleeps
+                                            between generations with it)
 ``reward.*`` (newer verl's reward section):  ``custom_reward_function.*``,
 ``custom_reward_function.*``,                ``reward_model.reward_manager``,
 ``reward_manager.name``, ``reward_kwargs.*``, ``reward_model.reward_kwargs.*``,
@@ -144,6 +148,9 @@ KEY_ALIASES: dict[str, str] = {
     "actor_rollout_ref.model.lora.rank": "actor_rollout_ref.model.lora_rank",
     "actor_rollout_ref.model.lora.alpha": "actor_rollout_ref.model.lora_alpha",
     "actor_rollout_ref.model.lora.target_modules": "actor_rollout_ref.model.target_modules",
+    "actor_rollout_ref.actor.policy_loss.tau_pos": "actor_rollout_ref.actor.tau_pos",
+    "actor_rollout_ref.actor.policy_loss.tau_neg": "actor_rollout_ref.actor.tau_neg",
+    "actor_rollout_ref.rollout.enable_sleep_mode": "actor_rollout_ref.rollout.free_cache_engine",
     "reward.custom_reward_function": "custom_reward_function",
     "reward.reward_manager.name": "reward_model.reward_manager",
     "reward.reward_kwargs": "reward_model.reward_kwargs",

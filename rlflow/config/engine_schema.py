@@ -96,8 +96,8 @@ class FSDPConfig:
         forward_prefetch: gather the next decoder layer's weights as a layer starts its forward
             (overlaps communication with compute; one more layer's weights held).
         grad_offload: older verl's gradient offload; gradients stay with their shards (false; true refused).
-        offload_policy: verl's FSDP2 offload switch; false only (``param_offload`` is rlflow's: with
-            fsdp2 it is FSDP2's ``CPUOffloadPolicy``).
+        offload_policy: verl's FSDP2 offload switch; true only together with ``param_offload``, rlflow's
+            switch, which with fsdp2 is FSDP2's ``CPUOffloadPolicy``.
         model_dtype: dtype of the weights the role keeps and its optimizer updates: fp32 (default) or
             bf16 (verl's key: halves the weights' and the optimizer state's memory, bf16 updates);
             ``mixed_precision.param_dtype`` sets the compute dtype.

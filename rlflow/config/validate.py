@@ -257,11 +257,11 @@ def _check_sharding(cfg: DictConfig, prefix: str) -> None:
     size = number(cfg, f"{prefix}.fsdp_size", integer=True)
     if size != -1 and size < 1:
         raise ValueError(f"{prefix}.fsdp_size={size} must be -1 (all ranks of the role) or >= 1")
-    if flag(cfg, f"{prefix}.offload_policy"):
-        key = prefix.rsplit(".", 1)[0]
+    if flag(cfg, f"{prefix}.offload_policy") and not flag(cfg, f"{prefix}.param_offload"):
         raise ValueError(
-            f"{prefix}.offload_policy=true: rlflow's offload switch is {key}.fsdp_config.param_offload (with "
-            "fsdp2 it is FSDP2's CPUOffloadPolicy); set that instead"
+            f"{prefix}.offload_policy=true without {prefix}.param_offload=true: rlflow's offload switch is "
+            "param_offload (with fsdp2 it is FSDP2's CPUOffloadPolicy, what offload_policy asks for); set it "
+            "too, as verl's scripts do, or drop offload_policy"
         )
     dtype = value_at(cfg, f"{prefix}.model_dtype")
     if dtype not in MODEL_DTYPES:

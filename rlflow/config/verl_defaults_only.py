@@ -91,6 +91,19 @@ DEFAULT_ONLY: dict[str, tuple[tuple[str, ...], str]] = {
         "with method='flexible') in a custom_reward_function, or pass custom_reward_function.reward_kwargs to "
         "your own",
     ),
+    **{
+        f"{section}.use_orig_params": (
+            ("true",),
+            "rlflow's FSDP1 always wraps with use_orig_params=True (LoRA and frozen parameters need it; "
+            "FSDP2 has no flat parameters): drop the key",
+        )
+        for section in (
+            "actor_rollout_ref.actor.fsdp_config",
+            "actor_rollout_ref.ref.fsdp_config",
+            "critic.fsdp_config",
+            "critic.model.fsdp_config",
+        )
+    },
     "trainer.del_local_ckpt_after_load": (
         _FALSE,
         "rlflow keeps the local checkpoint it resumed from: drop the key",

@@ -54,7 +54,7 @@ def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, me
         ),
         (
             "actor_rollout_ref.ref.fsdp_config.offload_policy=true",
-            "is actor_rollout_ref.ref.fsdp_config.param_offload",
+            "offload_policy=true without actor_rollout_ref.ref.fsdp_config.param_offload=true",
         ),
         (
             "actor_rollout_ref.ref.fsdp_config.fsdp_size=3",
@@ -70,7 +70,7 @@ def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, me
         ),
         (
             "critic.fsdp_config.offload_policy=true",
-            "rlflow's offload switch is critic.fsdp_config.param_offload",
+            "critic.fsdp_config.offload_policy=true without critic.fsdp_config.param_offload=true",
         ),
         ("trainer.npu_profile.options.depth=2", "not an option of verl's NPU profiler section"),
         ("data.trust_remote_code=true", "set it to true as well"),  # the workers' switch is the model's
@@ -397,3 +397,44 @@ def test_verls_rollout_correction_loss_type_names_the_policy_gradient_switch():
         assert cfg.algorithm.rollout_correction.use_policy_gradient is flag
     with pytest.raises(ValueError, match=r"^algorithm\.rollout_correction\.loss_type='pg' must be one of"):
         load_config(["algorithm.rollout_correction.loss_type=pg"], config_name="demo_two_ranks")
+
+
+def test_verls_offload_policy_is_accepted_beside_param_offload():
+    """verl's scripts set FSDP2's offload_policy together with param_offload, rlflow's switch for it."""
+    cfg = load_config(
+        [
+            "actor_rollout_ref.actor.fsdp_config.offload_policy=True",
+            "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+            "actor_rollout_ref.ref.fsdp_config.offload_policy=False",
+            "actor_rollout_ref.ref.fsdp_config.param_offload=False",
+        ],
+        config_name="demo_two_ranks",
+    )
+    validate_config(cfg)
+    assert cfg.actor_rollout_ref.actor.fsdp_config.param_offload is True
+
+
+def test_more_of_verls_current_script_spellings():
+    """``+actor.policy_loss.tau_*`` (a SAPO script), vLLM's ``+rollout.enable_sleep_mode`` and FSDP1's
+    ``use_orig_params=True`` (rlflow's only way; ``False`` refused)."""
+    cfg = load_config(
+        [
+            "+actor_rollout_ref.actor.policy_loss.tau_pos=0.9",
+            "+actor_rollout_ref.actor.policy_loss.tau_neg=1.2",
+            "+actor_rollout_ref.rollout.enable_sleep_mode=False",
+            "actor_rollout_ref.actor.fsdp_config.use_orig_params=True",
+            "critic.model.fsdp_config.use_orig_params=true",
+        ],
+        config_name="demo_two_ranks",
+    )
+    validate_config(cfg)
+    actor = cfg.actor_rollout_ref.actor
+    assert (actor.tau_pos, actor.tau_neg, cfg.actor_rollout_ref.rollout.free_cache_engine) == (
+        0.9,
+        1.2,
+        False,
+    )
+    with pytest.raises(
+        ValueError, match=r"^actor_rollout_ref\.ref\.fsdp_config\.use_orig_params='false': rlflow's FSDP1"
+    ):
+        load_config(["actor_rollout_ref.ref.fsdp_config.use_orig_params=false"], config_name="demo_two_ranks")
