@@ -62,6 +62,7 @@ optimizer; actor and critic)
 target_modules}`` (verl's Megatron LoRA)    target_modules}``
 ``actor.entropy_from_logits_with_chunking``,  dropped, logged (`INERT_FLAGS`): rlflow's entropy is always
 ``entropy_checkpointing`` (actor and ref)   chunked and recomputed in the backward
+``ref.fsdp_config.optimizer_offload``         dropped, logged (`INERT_FLAGS`): the reference has no optimizer
 ``model.use_shm``, ``rollout.layered_summon``  dropped, logged (`INERT_FLAGS`): load / weight-sync speed-ups
 ``rollout.multi_stage_wake_up`` (SGLang)      dropped, logged (`INERT_FLAGS`): how an engine wakes up
 ``trainer.logger=console`` (one string)       ``trainer.logger=[console]`` (verl wraps it in a list)
@@ -188,6 +189,9 @@ INERT_FLAGS: dict[str, str] = {
         for key in ("entropy_from_logits_with_chunking", "entropy_checkpointing")
     },
     "actor_rollout_ref.actor.fsdp_config.entropy_checkpointing": _ENTROPY_ALWAYS,
+    "actor_rollout_ref.ref.fsdp_config.optimizer_offload": (
+        "the reference policy has no optimizer (forward only); verl's engine config lists the key for every role"
+    ),
     **{
         f"{section}.use_shm": (
             "verl copies the model into /dev/shm to load it faster; rlflow reads model.path once, on rank 0 "

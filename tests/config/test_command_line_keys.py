@@ -424,6 +424,7 @@ def test_more_of_verls_current_script_spellings():
             "+actor_rollout_ref.rollout.enable_sleep_mode=False",
             "actor_rollout_ref.actor.fsdp_config.use_orig_params=True",
             "critic.model.fsdp_config.use_orig_params=true",
+            "actor_rollout_ref.ref.fsdp_config.optimizer_offload=True",  # no optimizer: dropped
         ],
         config_name="demo_two_ranks",
     )
