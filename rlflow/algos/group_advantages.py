@@ -144,8 +144,9 @@ def compute_rloo_vectorized_outcome_advantage(
     Args / Returns: as `compute_rloo_outcome_advantage`.
     """
     advantages, _ = compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, epsilon, config)
-    _, _, size = _group_mean_std_size(_scores(token_level_rewards, response_mask), index, "rloo_vectorized")
-    advantages = advantages * (size > 1).to(advantages.dtype).unsqueeze(-1)
+    gid = _group_ids(index, advantages.shape[0], "compute_rloo_vectorized_outcome_advantage")
+    shared = torch.bincount(gid)[gid] > 1  # the responses of groups of two or more
+    advantages = advantages * shared.to(advantages.device, advantages.dtype).unsqueeze(-1)
     return advantages, advantages
 
 

@@ -17,10 +17,9 @@ from rlflow.protocol import DataProto, pad_dataproto_to_divisor
 from rlflow.single_controller.decorator import _chunk_future, future_from_refs
 from rlflow.trainer.main_ppo import run_ppo
 from rlflow.trainer.pf_ppo import redraw_batch
+from tests.trainer.test_e2e import _comparable
 
 pytestmark = pytest.mark.usefixtures("ray_session")
-
-NON_NUMERIC_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/")
 
 
 def _scored_batch(n: int) -> DataProto:
@@ -92,10 +91,6 @@ def _overrides(tmp_path: Path, *extra: str) -> list[str]:
     ]
 
 
-def _comparable(metrics: dict) -> dict:
-    return {k: v for k, v in metrics.items() if not k.startswith(NON_NUMERIC_PREFIXES) and k != "step"}
-
-
 @pytest.mark.slow
 def test_pf_ppo_with_a_critic_trains_and_resumes_exactly(tmp_path):
     """GAE with a critic on 2 ranks, the updates overlapped (the values beside the reference, KL in the
@@ -121,6 +116,9 @@ def test_pf_ppo_with_a_critic_trains_and_resumes_exactly(tmp_path):
         # all 8 responses remain unless every score is an extreme
         lo, hi = h["critic/score/min"], h["critic/score/max"]
         assert lo - 1e-9 <= h["pf_ppo/score/mean"] <= hi + 1e-9
+        if hi - lo > 1e-6:  # 8 rows, each the best or the worst: the mean is (k hi + (8 - k) lo) / 8
+            k = 8 * (h["pf_ppo/score/mean"] - lo) / (hi - lo)
+            assert abs(k - round(k)) < 1e-4, k
         assert 0 < h["pf_ppo/unique_fraction"] <= 1 and h["pf_ppo/max_repeats"] >= 1
 
     part = tmp_path / "part"
