@@ -38,6 +38,10 @@ _bucket_megabytes`` (newer verl)            (both under ``actor_rollout_ref``)
                                             Triton kernels are GPU-only; what rlflow has of
                                             them is the fused, chunked LM head and its loss);
                                             ``false``: dropped
+``rollout.engine_kwargs.vllm.<arg>`` for the  ``rollout.<key>`` (``max_model_len``, ``max_num_seqs``,
+``vllm.LLM`` arguments rlflow sets itself     ``tensor_parallel_size``: ``tensor_model_parallel_size``,
+                                            ... `rollout_checks.VLLM_ENGINE_KWARGS_OWNED`)
+``rollout.disable_log_stats`` (vLLM's)       ``rollout.engine_kwargs.vllm.disable_log_stats``
 ``rollout.max_batch_size`` (TensorRT-LLM's   ``rollout.max_num_seqs`` (the engine's limit on
 batch limit)                                sequences per step)
 ``actor.kl_loss.type`` (early 2025 verl)    ``actor.kl_loss_type``
@@ -70,6 +74,9 @@ target_modules}`` (verl's Megatron LoRA)    target_modules}``
 ``data.filter_overlong_prompts_workers``     dropped, logged (`INERT_COUNTS`): one batched tokenizer call
 Megatron's key renames and inert switches     `rlflow.config.megatron_layout` (`MEGATRON_KEY_ALIASES`,
 (``<role>.megatron.*``)                      `MEGATRON_INERT_FLAGS`)
+``model_engine`` and the VeOmni, Automodel     `rlflow.config.engine_layouts`
+and MindSpeed sections (``<role>.veomni.*``,
+``automodel_config.*``, ``mindspeed.*``)
 verl's switches of features rlflow lacks, at   dropped, logged; another value is refused with what to do
 their off value (agent loop, tracing,         (`rlflow.config.verl_defaults_only`)
 curriculum sampler, ...)
@@ -86,6 +93,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rlflow.config.engine_layouts import rewrite_engine_overrides
 from rlflow.config.megatron_layout import (
     MEGATRON_INERT_FLAGS,
     MEGATRON_KEY_ALIASES,
@@ -93,6 +101,7 @@ from rlflow.config.megatron_layout import (
 )
 from rlflow.config.override_syntax import note_once, parse_bool, split_override, unquote
 from rlflow.config.profiler_layout import rewrite_profiler_overrides
+from rlflow.config.rollout_checks import VLLM_ENGINE_KWARGS_OWNED
 from rlflow.config.verl_defaults_only import drop_default_only
 
 logger = logging.getLogger(__name__)
@@ -160,6 +169,12 @@ KEY_ALIASES: dict[str, str] = {
     "reward.reward_model.enable": "reward_model.enable",
     "reward.reward_model.model_path": "reward_model.model.path",
     "reward.reward_model.rollout": "reward_model.inference",
+    "actor_rollout_ref.rollout.disable_log_stats": "actor_rollout_ref.rollout.engine_kwargs.vllm.disable_log_stats",
+    **{
+        f"actor_rollout_ref.rollout.engine_kwargs.vllm.{kwarg}": target
+        for kwarg, target in VLLM_ENGINE_KWARGS_OWNED.items()
+        if target.startswith("actor_rollout_ref.rollout.") and kwarg != "dtype"
+    },
     **MEGATRON_KEY_ALIASES,
 }
 """verl key (or key prefix) -> rlflow key."""
@@ -287,8 +302,9 @@ def rewrite_overrides(overrides: Iterable[str]) -> list[str]:
         (`rlflow.config.megatron_layout`), verl's later profiler layout onto rlflow's profiler keys last
         (`rlflow.config.profiler_layout`).
     """
-    overrides = rewrite_megatron_overrides(overrides)
+    overrides = rewrite_megatron_overrides(rewrite_engine_overrides(overrides, canonical_key))
     out = []
+    renamed: dict[str, str] = {}  # rlflow key -> the verl-spelled override renamed onto it
     for item in overrides:
         if item.startswith("-") or ("=" not in item and not item.startswith("~")):
             out.append(item)
@@ -318,10 +334,29 @@ def rewrite_overrides(overrides: Iterable[str]) -> list[str]:
         new = canonical_key(key)
         if new != key:
             _note(key, new)
+            if rest and key not in MEGATRON_KEY_ALIASES:  # megatron_layout orders its own keys
+                renamed.setdefault(new, item)
         if new in SCALAR_AS_LIST and prefix != "~":
             rest = _as_list(rest)
         out.append(prefix + new + rest)
+    _check_renamed(out, renamed)
     return rewrite_profiler_overrides(out)
+
+
+def _check_renamed(overrides: list[str], renamed: dict[str, str]) -> None:
+    """A verl spelling and another override of the same rlflow key must agree (Hydra would keep the last)."""
+    first: dict[str, str] = {}
+    for item in overrides:
+        _, key, rest = split_override(item)
+        if key not in renamed or not rest:
+            continue
+        value = unquote(rest.removeprefix("="))
+        if key in first and not _equal(key, first[key], value):
+            raise ValueError(
+                f"{renamed[key]} is verl's spelling of {key}, and the command line sets {key} to {first[key]} and "
+                f"to {value}; drop one of them"
+            )
+        first.setdefault(key, value)
 
 
 def _as_list(rest: str) -> str:
@@ -369,6 +404,14 @@ def _value_alias(key: str, value: str) -> str:
         raise ValueError(f"{key}={value!r} must be one of {sorted(choices)} (verl's names)")
     _note(f"{key}={value}", choices[value])
     return choices[value]
+
+
+def _equal(key: str, a: str, b: str) -> bool:
+    """Whether two values of ``key`` are the same (booleans in any spelling)."""
+    try:
+        return parse_bool(key, a) == parse_bool(key, b)
+    except ValueError:
+        return unquote(a) == unquote(b)
 
 
 def _same_value(key: str, value: str, target: str) -> bool:

@@ -42,7 +42,12 @@ moe_router_bias_update_rate``
 ``actor.optim.override_optimizer_config.                   ``actor_rollout_ref.actor.fsdp_config.
 optimizer_cpu_offload=true``                               optimizer_offload=true`` (the whole state;
                                                            ``optimizer_offload_fraction`` in (0, 1] checked)
-``model_engine=megatron``                                  dropped, logged (the engine is FSDP)
+``megatron.use_remove_padding``                            ``actor_rollout_ref.model.use_remove_padding``
+                                                           (actor, reference), ``critic.model.
+                                                           use_remove_padding`` (Megatron's packed format)
+``megatron.{use_distributed_optimizer,sequence_parallel,   dropped, logged: how Megatron shards the optimizer
+use_megatron_fsdp}``                                       and the activations (FSDP2 shards both)
+``model_engine=megatron``                                  dropped, logged (`rlflow.config.engine_layouts`)
 =========================================================  =================================================
 
 Every other key under ``megatron`` or ``override_transformer_config`` is refused naming it.
@@ -83,6 +88,11 @@ SIZES = (
 _GC_KEY = {
     ACTOR: "actor_rollout_ref.model.enable_gradient_checkpointing",
     CRITIC: "critic.model.enable_gradient_checkpointing",
+}
+_RMPAD_KEY = {
+    ACTOR: "actor_rollout_ref.model.use_remove_padding",
+    REF: "actor_rollout_ref.model.use_remove_padding",
+    CRITIC: "critic.model.use_remove_padding",
 }
 _NULL = ("null", "none", "~", "")
 
@@ -180,6 +190,23 @@ MEGATRON_INERT_FLAGS: dict[str, str] = {
         f"{role}.megatron.vanilla_mbridge": "which weight bridge verl uses (rlflow needs none)"
         for role in (ACTOR, REF, CRITIC)
     },
+    **{
+        f"{role}.megatron.{sub}": why
+        for role in (ACTOR, REF, CRITIC)
+        for sub, why in (
+            (
+                "use_distributed_optimizer",
+                "whether Megatron shards the optimizer state over the data-parallel ranks (FSDP2 always does: "
+                "the same update)",
+            ),
+            (
+                "sequence_parallel",
+                "Megatron's split of the activations over the tensor-parallel ranks (a memory switch; FSDP2 "
+                "has no tensor parallelism)",
+            ),
+            ("use_megatron_fsdp", "Megatron's own FSDP or its data parallelism (rlflow trains with FSDP2)"),
+        )
+    },
     f"{_OPTIM}.overlap_cpu_optimizer_d2h_h2d": "overlaps Megatron's host-device optimizer copies (a speed "
     "switch)",
     f"{_OPTIM}.use_precision_aware_optimizer": "Megatron's fused AdamW with its default fp32 moments: the "
@@ -187,6 +214,8 @@ MEGATRON_INERT_FLAGS: dict[str, str] = {
 }
 """Megatron switches whose both values rlflow's one code path satisfies (`rlflow.config.aliases.
 INERT_FLAGS` checks, logs and drops them)."""
+_PRODUCED_SWITCHES = frozenset({*_GC_KEY.values(), *_RMPAD_KEY.values()})
+"""rlflow switches a Megatron key sets, which another override may not contradict."""
 _PASSED_ON = frozenset({*MEGATRON_KEY_ALIASES, *MEGATRON_INERT_FLAGS})
 _ROLE_KEYS = (
     *SIZES,
@@ -199,6 +228,10 @@ _ROLE_KEYS = (
     "dist_checkpointing_path",
     "use_mbridge",
     "vanilla_mbridge",
+    "use_remove_padding",
+    "use_distributed_optimizer",
+    "sequence_parallel",
+    "use_megatron_fsdp",
     "override_transformer_config.*",
 )
 
@@ -218,7 +251,7 @@ def rewrite_megatron_overrides(overrides: Iterable[str]) -> list[str]:
     overrides = list(overrides)
     out: list[str] = []
     late: list[str] = []  # optimizer offload asked by Megatron's optimizer: after the role's own switch
-    recompute: set[str] = set()  # gradient-checkpointing keys a Megatron recompute setting turned on
+    produced: dict[str, tuple[str, str]] = {}  # rlflow key -> (the Megatron override that set it, value)
     for item in overrides:
         if item.startswith("-") or "=" not in item:
             out.append(item)
@@ -228,21 +261,22 @@ def rewrite_megatron_overrides(overrides: Iterable[str]) -> list[str]:
         role = next((r for r in MEGATRON_ROLES if key.startswith(f"{r}.megatron.")), None)
         if key in _PASSED_ON and prefix != "~":
             out.append(f"{key}{rest}")  # `rlflow.config.aliases` renames it (or drops it); '+' not needed
-        elif key == "model_engine":
-            _engine(value)
         elif key in {f"{r}.strategy" for r in MEGATRON_ROLES} and value == "megatron":
             _note(key, f"{key}=megatron runs as {key}=fsdp2 (rlflow.config.megatron_layout)")
             out.append(f"{key}=fsdp2")
         elif role is not None and prefix != "~":
             new = _role_key(role, key.removeprefix(f"{role}.megatron."), value)
-            recompute |= {o.partition("=")[0] for o in new if o.partition("=")[0] in _GC_KEY.values()}
+            for override in new:
+                new_key, _, new_value = override.partition("=")
+                if new_key in _PRODUCED_SWITCHES:
+                    produced.setdefault(new_key, (f"{key}={value}", new_value))
             out.extend(new)
         elif key.startswith(f"{_OPTIM}.") and prefix != "~":
             late.extend(_optimizer_key(key.removeprefix(f"{_OPTIM}."), value))
         else:
             out.append(item)
     out.extend(late)
-    _check_checkpointing(out, recompute)
+    _check_produced(out, produced)
     return out
 
 
@@ -259,6 +293,10 @@ def _role_key(role: str, sub: str, value: str) -> list[str]:
         )
     if sub in SIZES or sub in ("use_dist_checkpointing", "dist_checkpointing_path"):
         return [f"{key}={value}"]
+    if sub == "use_remove_padding":
+        parse_bool(key, value)
+        _note(key, f"config key {key} is read as {_RMPAD_KEY[role]} (Megatron's packed sequences)")
+        return [f"{_RMPAD_KEY[role]}={value}"]
     if sub.startswith("override_transformer_config."):
         return _transformer_key(role, sub.removeprefix("override_transformer_config."), value)
     raise ValueError(
@@ -342,19 +380,16 @@ def _optimizer_key(sub: str, value: str) -> list[str]:
     )
 
 
-def _engine(value: str) -> None:
-    if value not in ("dp", "fsdp", "megatron"):
-        raise ValueError(f"model_engine={value!r} must be dp, fsdp or megatron (verl's engine choices)")
-    _note("model_engine", f"config key model_engine={value} changes nothing: rlflow's engine is FSDP")
-
-
-def _check_checkpointing(overrides: list[str], recompute: set[str]) -> None:
-    """A Megatron recompute setting that turned gradient checkpointing on must not meet an explicit off."""
+def _check_produced(overrides: list[str], produced: dict[str, str]) -> None:
+    """A key a Megatron setting sets (gradient checkpointing from a recompute setting, remove-padding)
+    must not meet another override of it to another value."""
     for _, key, rest in map(split_override, overrides):
-        if key in recompute and rest and not parse_bool(key, rest.removeprefix("=")):
+        if key not in produced or not rest:
+            continue
+        origin, value = produced[key]
+        if parse_bool(key, value) != parse_bool(key, rest.removeprefix("=")):
             raise ValueError(
-                f"{key}: Megatron's recompute_granularity turns gradient checkpointing on, but the command "
-                f"line also sets {key}=false; drop one of them"
+                f"{key}: {origin} sets it to {value}, but the command line also sets {key}{rest}; drop one of them"
             )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from omegaconf import DictConfig, OmegaConf
 
 from rlflow.config.checks import at_least, choice, flag, number, value_at
@@ -28,6 +30,7 @@ VLLM_ENGINE_KWARGS_OWNED: dict[str, str] = {
 """``vllm.LLM`` arguments rlflow sets itself -> the key that sets them (``engine_kwargs.vllm`` may not)."""
 
 ROLLOUT = "actor_rollout_ref.rollout"
+logger = logging.getLogger(__name__)
 
 ROLLOUT_NAMES = ("hf", "vllm")
 """``actor_rollout_ref.rollout.name`` values: the engines of `rlflow.rollout.ROLLOUT_CLASSES` (a test keeps
@@ -48,7 +51,15 @@ def _check_sampling(cfg: DictConfig, prefix: str) -> None:
         raise ValueError(f"{prefix}.top_p={value!r} must be in (0, 1]")
     at_least(cfg, f"{prefix}.top_k", -1)
     n = at_least(cfg, f"{prefix}.n", 1)
-    if n > 1 and not do_sample:
+    if n > 1 and not do_sample and prefix.endswith("val_kwargs"):
+        # validation only measures: n identical responses give the one response's score, at n times the cost
+        logger.warning(
+            "%s.n=%d with %s.do_sample=false: the %d greedy responses of each validation prompt are identical, so "
+            "the scores are those of one response at %d times its cost; set %s.do_sample=true and a temperature "
+            "> 0 to sample them, or n=1",
+            prefix, n, prefix, n, n, prefix,
+        )  # fmt: skip
+    elif n > 1 and not do_sample:
         raise ValueError(
             f"{prefix}.n={n} with {prefix}.do_sample=false: the {n} greedy responses of a prompt are "
             f"identical (no group baseline, no pass@k); set {prefix}.do_sample=true and a temperature > 0"

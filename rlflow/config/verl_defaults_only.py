@@ -104,6 +104,17 @@ DEFAULT_ONLY: dict[str, tuple[tuple[str, ...], str]] = {
             "critic.model.fsdp_config",
         )
     },
+    "data.continuous_token.enable": (
+        _FALSE,
+        "verl's continuous-token mode keeps a multi-turn agent rollout's token ids across turns; rlflow's "
+        "rollout is single-turn (its token ids are never re-tokenized): drop the key",
+    ),
+    "trainer.v1.trainer_mode": (
+        ("sync",),
+        "verl's asynchronous trainers (generation of the next batches overlapped with the update, rollouts up "
+        "to some steps off-policy) are not supported: rlflow's steps are synchronous, as trainer_mode=sync; "
+        "drop the key",
+    ),
     "trainer.del_local_ckpt_after_load": (
         _FALSE,
         "rlflow keeps the local checkpoint it resumed from: drop the key",
@@ -118,6 +129,25 @@ INERT_ANY: dict[str, str] = {
     "reward.reward_manager.module.name": "it is read only with reward.reward_manager.source=importlib, which rlflow refuses",
     "reward.reward_model.n_gpus_per_node": "it is read only with reward.reward_model.enable_resource_pool=true, which rlflow refuses",
     "reward.reward_model.nnodes": "it is read only with reward.reward_model.enable_resource_pool=true, which rlflow refuses",
+    "trainer.use_v1": (
+        "which of verl's two trainer implementations runs (its legacy loop or the one on its transfer queue); "
+        "rlflow's trainer is one synchronous loop, computing what both compute in their sync mode"
+    ),
+    "data.continuous_token.model_family": "it is read only with data.continuous_token.enable=true, which rlflow refuses",
+    "data.continuous_token.custom_builder_module": (
+        "it is read only with data.continuous_token.enable=true, which rlflow refuses"
+    ),
+    **{
+        f"trainer.v1.{key}": "it is read only with an asynchronous trainer.v1.trainer_mode, which rlflow refuses"
+        for key in (
+            "colocate_async.num_warmup_batches",
+            "separate_async.num_warmup_batches",
+            "separate_async.parameter_sync_step",
+            "separate_async.hybrid_rollout.enable_switch",
+            "separate_async.hybrid_rollout.switch_threshold_ratio",
+            "separate_async.hybrid_rollout.adaptive_switch_threshold",
+        )
+    },
     "trainer.ray_wait_register_center_timeout": (
         "how long verl waits for its workers to register; rlflow's worker groups start under their own timeouts"
     ),

@@ -93,7 +93,7 @@ def test_megatron_overrides_become_fsdp2_overrides():
         (f"+{T}.moe_router_bias_update_rate=0.001", "the aux-loss-free router bias update"),
         (f"+{T}.recompute_granularity=partial", "must be full, selective or null"),
         (f"+{T}.sequence_parallel=True", "a Megatron transformer option rlflow has no meaning for"),
-        (f"{M}.use_distributed_optimizer=True", "not one of the Megatron keys rlflow reads onto FSDP2"),
+        (f"{M}.use_fp8_padding=True", "not one of the Megatron keys rlflow reads onto FSDP2"),
         ("reward_model.megatron.pipeline_model_parallel_size=2", "one full copy per rank"),
         (
             f"+{A}.optim.override_optimizer_config.optimizer_offload_fraction=1.5",
@@ -101,7 +101,8 @@ def test_megatron_overrides_become_fsdp2_overrides():
         ),
         (f"+{A}.optim.override_optimizer_config.clip_grad=1.0", "a Megatron optimizer option"),
         (f"{M}.use_mbridge=maybe", "expected true or false"),
-        ("model_engine=deepspeed", "must be dp, fsdp or megatron"),
+        ("model_engine=deepspeed", "model_engine='deepspeed' must be one of"),
+        (f"{M}.use_remove_padding=maybe", "expected true or false"),
     ],
 )
 def test_megatron_keys_without_a_meaning_here_are_refused_naming_them(override: str, message: str):
@@ -110,12 +111,40 @@ def test_megatron_keys_without_a_meaning_here_are_refused_naming_them(override: 
 
 
 def test_recompute_cannot_meet_an_explicit_no_checkpointing():
-    with pytest.raises(ValueError, match="recompute_granularity turns gradient checkpointing on"):
+    message = "recompute_granularity=full sets it to true, but the command line also sets"
+    with pytest.raises(ValueError, match=re.escape(message)):
         rewrite_overrides(
             [
                 "actor_rollout_ref.model.enable_gradient_checkpointing=False",
                 f"+{T}.recompute_granularity=full",
             ]
+        )
+
+
+def test_megatron_remove_padding_is_the_models_and_must_agree_with_it():
+    got = rewrite_overrides(
+        [
+            "actor_rollout_ref.model.use_remove_padding=True",
+            f"{M}.use_remove_padding=True",
+            f"{REF}.megatron.use_remove_padding=True",
+            f"{C}.megatron.use_remove_padding=False",
+            f"{M}.use_distributed_optimizer=True",
+            f"{M}.sequence_parallel=True",
+            f"{M}.use_megatron_fsdp=False",
+        ]
+    )
+    assert got == [
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "critic.model.use_remove_padding=False",
+    ]
+    with pytest.raises(
+        ValueError,
+        match=re.escape(f"{M}.use_remove_padding=False sets it to False, but the command line also sets"),
+    ):
+        rewrite_overrides(
+            ["actor_rollout_ref.model.use_remove_padding=true", f"{M}.use_remove_padding=False"]
         )
 
 

@@ -2,7 +2,8 @@
 
 The override lists are in `tests/trainer/verl_scripts/`, one file per trainer family (facts: each script's
 keys and values, the edits the environment dictates marked ``# env``). Every list composes and passes every pre-Ray check; one script
-per trainer family (PPO, GRPO, REINFORCE++, RLOO, ReMax, GPG, GMPO, DAPO, and verl's Megatron scripts) runs 2 steps
+per trainer family (PPO, GRPO, REINFORCE++, RLOO, ReMax, GPG, GMPO, DAPO, verl's Megatron scripts and its VeOmni
+engine) runs 2 steps
 (``trainer.total_training_steps=2`` added) and shows the metrics that family is about.
 """
 
@@ -31,6 +32,7 @@ from .verl_scripts import (
     GRPO_QWEN3_VL_30B_MEGATRON,
     PPO_MOONLIGHT16B_A3B_MEGATRON,
     PPO_QWEN2_7B_RM_SEQ_BALANCE_FUSED,
+    PPO_QWEN3_30B_VEOMNI,
     REINFORCE_PP_QWEN2_7B_MATH,
     REMAX_QWEN25_3B_SEQ_BALANCE,
     RLOO_QWEN2_7B,
@@ -119,6 +121,25 @@ def test_deepseek7b_llm_sp2_runs_two_steps(tmp_path):
             assert math.isfinite(h[key]), key
         assert 0 < h["perf/mfu/critic"] < 1 and 0 < h["perf/mfu/actor"] < 1
     assert "val-core/rlflow/repeat/reward/mean@1" in steps[-1]  # test_freq=5: validated at the last step
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_veomni_port_runs_two_steps_on_fsdp2(tmp_path):
+    """verl's VeOmni engine keys (``model_engine=veomni``, ``actor.veomni.*``) read onto FSDP2: offloaded
+    parameters and optimizer, FSDP over the 2 ranks, Ulysses SP 2; GRPO with its KL loss."""
+    cfg = load_config([*PPO_QWEN3_30B_VEOMNI, *_local(tmp_path)])
+    actor, ref = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.ref
+    assert actor.fsdp_config.param_offload and actor.fsdp_config.optimizer_offload
+    assert actor.fsdp_config.fsdp_size == 2 and actor.ulysses_sequence_parallel_size == 2
+    assert ref.fsdp_config.param_offload and actor.strategy == "fsdp2"
+    history = run_ppo(cfg)["history"]
+    steps = [h for h in history if h["step"] > 0]
+    assert [h["step"] for h in steps] == [1, 2]
+    for h in steps:
+        for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
+            assert math.isfinite(h[key]), key
+    assert "val-core/rlflow/repeat/reward/mean@1" in history[0]  # val_before_train=True
 
 
 @pytest.mark.slow
