@@ -54,7 +54,7 @@ def compute_policy_loss_reinforce(
     rollout_is: str | None = None,
     rollout_is_threshold: float = 2.0,
     rollout_rs: str | None = None,
-    rollout_rs_threshold: float | None = None,
+    rollout_rs_threshold: float | str | None = None,
     rollout_rs_threshold_lower: float | None = None,
     rollout_token_veto_threshold: float | None = None,
     global_token_num: Count | None = None,
@@ -132,4 +132,8 @@ def compute_policy_loss_reinforce(
             metrics[key] = (value, n_seq)
         elif key in _WEIGHT_MEANS:
             metrics[key] = (value, weight_count)
+        elif key.startswith("rollout_corr/rollout_rs_") and key.endswith("_seq_masked_fraction"):
+            metrics[key] = (value, n_seq)  # one of verl's current options (rlflow.algos.rejection)
+        elif key.startswith("rollout_corr/rollout_rs_") and key.endswith("_masked_fraction"):
+            metrics[key] = (value, n_tok)
     return pg_loss, metrics

@@ -12,7 +12,9 @@ trainer's old policy ``pi_old`` is the same weights under the trainer's numerics
   weights over responses), and 0 on padding. The weights multiply the per-token policy loss.
 * **rejection** (``rollout_rs``): a ratio outside ``[lower, upper]`` drops the token (``token``) or the
   whole response (``sequence``: the product of ratios; ``geometric``: their geometric mean
-  ``exp(mean_t log_ratio_t)``) from the policy loss and from its token counts.
+  ``exp(mean_t log_ratio_t)``) from the policy loss and from its token counts. verl's current options
+  (``token_k1``, ``seq_max_k2``, ``binary_kl``, ... comma-separated, with ``"L_U"`` thresholds) are
+  `rlflow.algos.rejection`'s.
 * **veto** (``rollout_token_veto_threshold``): a response with any token whose unclamped ratio is below
   the threshold is dropped.
 
@@ -27,6 +29,7 @@ from typing import Any
 
 import torch
 
+from rlflow.algos.rejection import is_rs_option_list, parse_rejection, reject
 from rlflow.protocol import DataProto
 
 __all__ = [
@@ -80,7 +83,7 @@ def compute_rollout_correction(
     rollout_is_threshold: float = 2.0,
     rollout_is_batch_normalize: bool = False,
     rollout_rs: str | None = None,
-    rollout_rs_threshold: float | None = None,
+    rollout_rs_threshold: float | str | None = None,
     rollout_rs_threshold_lower: float | None = None,
     rollout_token_veto_threshold: float | None = None,
 ) -> RolloutCorrection:
@@ -94,9 +97,11 @@ def compute_rollout_correction(
         rollout_is_threshold: the weights' upper truncation (> 0); also the rejection's upper bound
             when ``rollout_rs_threshold`` is None.
         rollout_is_batch_normalize: divide the truncated weights by their batch mean.
-        rollout_rs: None, ``token``, ``sequence`` or ``geometric``.
-        rollout_rs_threshold: the rejection's upper bound on the ratio.
-        rollout_rs_threshold_lower: its lower bound; None = ``1 / upper``.
+        rollout_rs: None, ``token``, ``sequence`` or ``geometric``; or verl's current options
+            (`rlflow.algos.rejection.RS_OPTIONS`, comma-separated).
+        rollout_rs_threshold: the rejection's upper bound on the ratio; with verl's current options their
+            thresholds (`rlflow.algos.rejection.parse_rejection`).
+        rollout_rs_threshold_lower: its lower bound; None = ``1 / upper`` (not with the current options).
         rollout_token_veto_threshold: drop a response with a token ratio below this; None = off.
 
     Returns:
@@ -112,8 +117,15 @@ def compute_rollout_correction(
     """
     if rollout_is is not None and rollout_is not in IS_LEVELS:
         raise ValueError(f"rollout_is={rollout_is!r} is not one of {list(IS_LEVELS)} or null")
+    rules = None
     if rollout_rs is not None and rollout_rs not in RS_LEVELS:
-        raise ValueError(f"rollout_rs={rollout_rs!r} is not one of {list(RS_LEVELS)} or null")
+        if not is_rs_option_list(rollout_rs):
+            raise ValueError(
+                f"rollout_rs={rollout_rs!r} is not one of {list(RS_LEVELS)}, verl's options or null"
+            )
+        if rollout_rs_threshold_lower is not None:
+            raise ValueError("rollout_rs_threshold_lower goes with token / sequence / geometric: write 'L_U'")
+        rules = parse_rejection(rollout_rs, rollout_rs_threshold)
     if old_log_prob.shape != rollout_log_probs.shape or old_log_prob.shape != response_mask.shape:
         raise ValueError(
             f"compute_rollout_correction: shapes differ: old_log_prob {tuple(old_log_prob.shape)}, "
@@ -167,7 +179,11 @@ def compute_rollout_correction(
     keep = None
     if rollout_rs is not None or rollout_token_veto_threshold is not None:
         keep = mask.clone()
-        if rollout_rs is not None:
+        if rules is not None:
+            kept, rule_metrics = reject(old_log_prob, rollout_log_probs, mask, rules)
+            keep = keep * kept
+            metrics.update(rule_metrics)
+        elif rollout_rs is not None:
             lower, upper = _bounds(rollout_rs_threshold, rollout_rs_threshold_lower, rollout_is_threshold)
             if rollout_rs == "token":
                 ratio = torch.exp(log_ratio.clamp(-_LOG_BOUND, _LOG_BOUND))
@@ -198,10 +214,17 @@ def correction_settings(config: Any) -> dict[str, Any]:
         "rollout_is": config.rollout_is,
         "rollout_is_threshold": float(config.rollout_is_threshold),
         "rollout_rs": config.rollout_rs,
-        "rollout_rs_threshold": config.rollout_rs_threshold,
+        "rollout_rs_threshold": _threshold(config.rollout_rs_threshold),
         "rollout_rs_threshold_lower": config.rollout_rs_threshold_lower,
         "rollout_token_veto_threshold": config.rollout_token_veto_threshold,
     }
+
+
+def _threshold(value: Any) -> float | str | None:
+    """A number as a float (the legacy levels' bound), a string (verl's current thresholds) as it is."""
+    if value is None or isinstance(value, str):
+        return value
+    return float(value)
 
 
 def correct_rollout_batch(batch: DataProto, config: Any) -> dict[str, float]:

@@ -5,6 +5,7 @@ sampling, PF-PPO, rollout correction) and of the user-function sections (`Custom
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "AlgorithmConfig",
@@ -78,9 +79,14 @@ class RolloutCorrectionConfig:
         rollout_is: importance weights ``pi_old / pi_rollout`` on the policy loss: null, token, sequence.
         rollout_is_threshold: their upper truncation.
         rollout_is_batch_normalize: weights divided by their batch mean.
-        rollout_rs: drop tokens / responses whose ratio leaves the bounds: null, token, sequence, geometric.
-        rollout_rs_threshold: upper bound (null = ``rollout_is_threshold``); ``rollout_rs_threshold_lower``
-            the lower (null = 1 / upper).
+        rollout_rs: drop tokens / responses whose ratio leaves the bounds: null, token, sequence, geometric;
+            or verl's current options, comma-separated: token_k1/k2/k3, seq_sum_k1/k2/k3, seq_mean_k1/k2/k3,
+            seq_max_k2/k3, binary_kl (`rlflow.algos.rejection`).
+        rollout_rs_threshold: token / sequence / geometric: the ratio's upper bound (null =
+            ``rollout_is_threshold``), ``rollout_rs_threshold_lower`` the lower (null = 1 / upper). verl's
+            current options: one threshold or one per option, comma-separated; a k1 option's is ``"L_U"``
+            (the ratio within ``[L, U]``) or ``U`` (``[1/U, U]``), the others' an upper bound on their
+            divergence.
         rollout_token_veto_threshold: drop a response with any token ratio below this (null = off).
         bypass_mode: no ``compute_log_prob`` pass: the rollout's log-probs are the old policy's. null (the
             default): only where they equal the pass's to float rounding, i.e. the hf engine in fp32 with
@@ -94,7 +100,7 @@ class RolloutCorrectionConfig:
     rollout_is_threshold: float = 2.0
     rollout_is_batch_normalize: bool = False
     rollout_rs: str | None = None
-    rollout_rs_threshold: float | None = None
+    rollout_rs_threshold: Any = None
     rollout_rs_threshold_lower: float | None = None
     rollout_token_veto_threshold: float | None = None
     bypass_mode: bool | None = None

@@ -6,6 +6,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from rlflow.algos.rejection import RS_OPTIONS, is_rs_option_list, parse_rejection
 from rlflow.algos.rollout_correction import IS_LEVELS, RS_LEVELS
 from rlflow.config.checks import flag, number, optional_flag, positive, value_at
 
@@ -86,12 +87,21 @@ def _level(cfg: DictConfig, key: str, levels: tuple[str, ...]) -> str | None:
 def check_rollout_correction(cfg: DictConfig) -> None:
     """Levels and thresholds of ``algorithm.rollout_correction``; the rollout's log-probs when it is on."""
     rollout_is = _level(cfg, f"{RC}.rollout_is", IS_LEVELS)
-    rollout_rs = _level(cfg, f"{RC}.rollout_rs", RS_LEVELS)
+    rollout_rs = value_at(cfg, f"{RC}.rollout_rs")
     threshold = positive(cfg, f"{RC}.rollout_is_threshold")
     flag(cfg, f"{RC}.rollout_is_batch_normalize")
-    upper = positive(cfg, f"{RC}.rollout_rs_threshold", allow_none=True)
+    if rollout_rs is not None and rollout_rs not in RS_LEVELS:
+        _check_rs_options(cfg, str(rollout_rs))
+    elif isinstance(value_at(cfg, f"{RC}.rollout_rs_threshold"), str):
+        raise ValueError(
+            f"{RC}.rollout_rs_threshold={value_at(cfg, f'{RC}.rollout_rs_threshold')!r}: a string of bounds goes "
+            f"with verl's current rollout_rs options ({list(RS_OPTIONS)}); with rollout_rs="
+            f"{rollout_rs!r} give a number (and rollout_rs_threshold_lower)"
+        )
+    legacy = rollout_rs is None or rollout_rs in RS_LEVELS
+    upper = positive(cfg, f"{RC}.rollout_rs_threshold", allow_none=True) if legacy else None
     lower = positive(cfg, f"{RC}.rollout_rs_threshold_lower", allow_none=True)
-    if rollout_rs is not None:
+    if rollout_rs in RS_LEVELS:
         upper_used = threshold if upper is None else upper
         lower_used = 1.0 / upper_used if lower is None else lower
         if not lower_used < upper_used:
@@ -120,6 +130,24 @@ def check_rollout_correction(cfg: DictConfig) -> None:
             f"{RC}.rollout_is={rollout_is!r} and actor_rollout_ref.actor.tis_imp_ratio_cap={cap!r} both weight the "
             f"policy loss: keep one (tis_imp_ratio_cap=x is rollout_is=token with rollout_is_threshold=x)"
         )
+
+
+def _check_rs_options(cfg: DictConfig, rollout_rs: str) -> None:
+    """verl's current ``rollout_rs`` options and their ``rollout_rs_threshold`` (`rlflow.algos.rejection`)."""
+    if not is_rs_option_list(rollout_rs):
+        raise ValueError(
+            f"{RC}.rollout_rs={rollout_rs!r} is not one of {list(RS_LEVELS)}, null, or verl's options "
+            f"{list(RS_OPTIONS)} (comma-separated)"
+        )
+    if value_at(cfg, f"{RC}.rollout_rs_threshold_lower") is not None:
+        raise ValueError(
+            f"{RC}.rollout_rs_threshold_lower goes with rollout_rs=token / sequence / geometric; with "
+            f"rollout_rs={rollout_rs!r} write the bounds as {RC}.rollout_rs_threshold='L_U'"
+        )
+    threshold = value_at(cfg, f"{RC}.rollout_rs_threshold")
+    if isinstance(threshold, bool):
+        raise ValueError(f"{RC}.rollout_rs_threshold={threshold!r}: expected a number or 'L_U' bounds")
+    parse_rejection(rollout_rs, threshold, key=f"{RC}.rollout_rs")
 
 
 def _check_policy_gradient(cfg: DictConfig, bypass: bool) -> None:

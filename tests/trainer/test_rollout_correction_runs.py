@@ -65,6 +65,8 @@ def runs(tmp_path_factory) -> dict:
                 "trainer.total_training_steps=1",
                 f"{RC}.bypass_mode=true",
                 f"{RC}.use_policy_gradient=true",
+                f"{RC}.rollout_rs=token_k1",  # verl's current spelling of token, with its 'L_U' bounds
+                f"{RC}.rollout_rs_threshold=0.5_2.0",
             ),
             config_name="demo_two_ranks",
         )
@@ -125,7 +127,7 @@ def test_policy_gradient_mode_weights_the_reinforce_loss_in_the_update(runs):
     assert reinforce["response_length/mean"] == decoupled["response_length/mean"]
     # The first of the 2 mini-batches sees the rollout's policy (weights 1 up to float noise), the second
     # the policy after one optimizer step, which the demo's learning rate moves far: weights leave 1, and
-    # tokens whose ratio leaves [1/2, 2] (rollout_rs=token, bounds from rollout_is_threshold=2) are rejected.
+    # tokens whose ratio leaves [1/2, 2] (rollout_rs=token_k1 with bounds 0.5_2.0) are rejected.
     assert reinforce["rollout_corr/rollout_is_mean"] != pytest.approx(1.0, abs=1e-3)
     assert 0 < abs(reinforce["actor/ppo_kl"]) < 1.0 and 0 < abs(reinforce["rollout_corr/kl"]) < 1.0
     # the rejection's bounds are the weights' truncation bounds: a token is rejected exactly when its ratio
@@ -135,6 +137,10 @@ def test_policy_gradient_mode_weights_the_reinforce_loss_in_the_update(runs):
         reinforce["rollout_corr/rollout_is_ratio_fraction_high"]
         + reinforce["rollout_corr/rollout_is_ratio_fraction_low"],
         abs=1e-9,
+    )
+    assert reinforce["rollout_corr/rollout_rs_masked_fraction"] > 0
+    assert reinforce["rollout_corr/rollout_rs_token_k1_masked_fraction"] == pytest.approx(
+        reinforce["rollout_corr/rollout_rs_masked_fraction"], abs=1e-12
     )
 
 
