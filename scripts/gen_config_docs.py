@@ -168,6 +168,9 @@ CLASS_NOTES: dict[str, dict[str, str]] = {
         "val_before_train": "validate once before the first step (not when resuming)",
         "default_local_dir": "checkpoint root: global_step_N/{actor,critic}/ and the driver state",
         "balance_batch": "reorder each batch so every actor data-parallel rank gets a similar token count",
+        "balance_keep_minibatch": "with balance_batch, balance the rows of each actor mini-batch (ppo_mini_batch_size "
+        "x rollout.n consecutive rows of the batch) on their own, so every optimizer step trains on the prompts it "
+        "would train on unbalanced (verl's key; verl slices ppo_mini_batch_size rows without x n)",
         "seed": "seed of model building in every worker, the critic's fresh value head and the mini-batch "
         "shuffles",
         "placement_timeout_s": "seconds to wait for Ray to place the workers before a resource error",

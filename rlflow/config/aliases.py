@@ -34,6 +34,10 @@ _bucket_megabytes`` (newer verl)            (both under ``actor_rollout_ref``)
 (newer verl)                                ``reinforce``: ``use_policy_gradient=true``
 ``actor_rollout_ref.actor.use_gpg_loss``    ``true``: ``actor.policy_loss.loss_mode=gpg``;
                                             ``false``: dropped (the loss mode stays)
+``actor_rollout_ref.model.use_prefix_tree``  ``true``: ``model.use_shared_prompts=true`` (a
+(verl's prefix-tree packing)                prompt's samples share one copy of it in the update;
+                                            ``false``: dropped); ``model.prefix_tree_attention``
+                                            (``flex`` | ``magi``) dropped, logged (`INERT_CHOICES`)
 ``actor_rollout_ref.model.use_liger``       ``true``: ``model.use_fused_kernels=true`` (Liger's
                                             Triton kernels are GPU-only; what rlflow has of
                                             them is the fused, chunked LM head and its loss);
@@ -182,6 +186,7 @@ KEY_ALIASES: dict[str, str] = {
 FLAG_ALIASES: dict[str, str] = {
     "actor_rollout_ref.actor.use_gpg_loss": "actor_rollout_ref.actor.policy_loss.loss_mode=gpg",
     "actor_rollout_ref.model.use_liger": "actor_rollout_ref.model.use_fused_kernels=true",
+    "actor_rollout_ref.model.use_prefix_tree": "actor_rollout_ref.model.use_shared_prompts=true",
 }
 """verl boolean key -> the rlflow override it stands for when true (dropped when false)."""
 
@@ -239,6 +244,11 @@ INERT_FLAGS: dict[str, str] = {
 and dropped (no schema key would change anything)."""
 
 INERT_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
+    "actor_rollout_ref.model.prefix_tree_attention": (
+        ("flex", "magi"),
+        "the attention kernel of verl's prefix-tree packing; rlflow's shared-prompt packing "
+        "(model.use_shared_prompts) attends each sample's branch to its prompt with its own packed attention",
+    ),
     "actor_rollout_ref.rollout.load_format": (
         (
             "dummy",

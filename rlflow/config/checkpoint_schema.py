@@ -1,9 +1,11 @@
 """``<role>.checkpoint``: what a role's checkpoint holds (verl's ``save_contents`` / ``load_contents``).
 
-rlflow's checkpoints resume exactly: every one holds the sharded model, the optimizer state and the
-``extra`` state (LR scheduler, RNG, step), so those three are required in ``save_contents``. A resume
-restores what ``load_contents`` names: the model always; leaving out ``optimizer`` / ``extra`` starts
-the optimizer state / the LR schedule and RNG afresh (logged), as in verl. ``hf_model`` in
+rlflow's checkpoints resume exactly: by default every one holds the sharded model, the optimizer state
+and the ``extra`` state (LR scheduler, RNG). ``save_contents`` without ``optimizer`` / ``extra`` (verl's
+way to save disk: the optimizer state is twice the model's size) writes checkpoints a resume can only
+restart those from (warned when the config is checked). A resume restores what ``load_contents`` names
+(by default what ``save_contents`` saves): the model always; leaving out ``optimizer`` / ``extra``
+starts the optimizer state / the LR schedule and RNG afresh (logged), as in verl. ``hf_model`` in
 ``save_contents`` also writes the full model in Hugging Face format (safetensors, config, tokenizer) to
 ``<checkpoint>/huggingface/``, loadable with ``from_pretrained`` without running
 ``python -m rlflow.model_merger``; in ``load_contents`` it is accepted and not loaded (as in verl).
@@ -29,9 +31,10 @@ class CheckpointContentsSection:
     """``actor_rollout_ref.actor.checkpoint`` / ``critic.checkpoint`` (see the module docstring).
 
     Attributes:
-        save_contents: what each checkpoint holds: model, optimizer, extra (required), hf_model.
+        save_contents: what each checkpoint holds: model (required), optimizer, extra, hf_model; without
+            optimizer or extra a resume restarts them.
         load_contents: what a resume restores (default: ``save_contents``): model (required),
-            optimizer, extra; hf_model is not read.
+            optimizer, extra (each only when saved); hf_model is not read.
         async_save: verl's asynchronous save; false only (rlflow saves synchronously, then publishes
             the step atomically).
     """

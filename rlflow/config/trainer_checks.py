@@ -58,6 +58,11 @@ def check_trainer(cfg: DictConfig) -> None:
         value_at(cfg, "trainer.default_hdfs_dir"), str(value_at(cfg, "trainer.default_local_dir"))
     )
     at_least(cfg, "trainer.log_val_generations", 0)
+    if flag(cfg, "trainer.balance_keep_minibatch") and not flag(cfg, "trainer.balance_batch"):
+        raise ValueError(
+            "trainer.balance_keep_minibatch=true orders the rows within each mini-batch when the batch is "
+            "balanced, but trainer.balance_batch=false: set balance_batch=true or drop balance_keep_minibatch"
+        )
     legacy = value_at(cfg, "trainer.use_legacy_worker_impl")
     if str(legacy).lower() not in ("auto", "disable", "false"):  # false: the boolean of older verl scripts
         raise ValueError(

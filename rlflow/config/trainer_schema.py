@@ -97,6 +97,7 @@ class TrainerConfig:
     max_actor_ckpt_to_keep: int | None = None
     max_critic_ckpt_to_keep: int | None = None
     balance_batch: bool = True
+    balance_keep_minibatch: bool = False
     seed: int = 1
     placement_timeout_s: float = 60
     worker_start_timeout_s: float = 600

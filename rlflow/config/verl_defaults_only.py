@@ -129,6 +129,10 @@ INERT_ANY: dict[str, str] = {
     "reward.reward_manager.module.name": "it is read only with reward.reward_manager.source=importlib, which rlflow refuses",
     "reward.reward_model.n_gpus_per_node": "it is read only with reward.reward_model.enable_resource_pool=true, which rlflow refuses",
     "reward.reward_model.nnodes": "it is read only with reward.reward_model.enable_resource_pool=true, which rlflow refuses",
+    "data.image_patch_size": (
+        "the vision processor's patch size; rlflow's data is text (a row with an image or video column is "
+        "refused when the dataset is read)"
+    ),
     "trainer.use_v1": (
         "which of verl's two trainer implementations runs (its legacy loop or the one on its transfer queue); "
         "rlflow's trainer is one synchronous loop, computing what both compute in their sync mode"

@@ -26,6 +26,7 @@ from tensordict import TensorDictBase
 
 __all__ = [
     "balance_batch_across_dp",
+    "balance_mini_batches_across_dp",
     "get_reverse_idx",
     "get_seqlen_balanced_partitions",
     "karmarkar_karp",
@@ -354,6 +355,50 @@ def balance_batch_across_dp(
         return torch.tensor([i for part in partitions for g in part for i in groups[g]], dtype=torch.long)
     partitions = get_seqlen_balanced_partitions(list(seqlens), world_size, equal_size=True)
     return torch.tensor([i for part in partitions for i in part], dtype=torch.long)
+
+
+def balance_mini_batches_across_dp(
+    seqlens: Sequence[int],
+    world_size: int,
+    mini_batch_rows: int,
+    groups: Sequence[Sequence[int]] | None = None,
+) -> torch.Tensor:
+    """`balance_batch_across_dp` within each mini-batch: every optimizer step trains on the rows it would
+    train on unbalanced (verl's ``trainer.balance_keep_minibatch``).
+
+    The rows ``[k * mini_batch_rows, (k + 1) * mini_batch_rows)`` form mini-batch ``k``. Each is balanced
+    over the ranks on its own, and rank ``r``'s contiguous chunk holds its share of mini-batch 0, then of
+    mini-batch 1, ..., which is how each rank cuts its chunk into mini-batches (consecutive slices).
+
+    Args:
+        seqlens: (bs,) valid tokens per sample.
+        world_size: data-parallel size.
+        mini_batch_rows: rows per mini-batch over all ranks (``ppo_mini_batch_size * rollout.n``); divides
+            ``bs`` and is divisible by ``world_size``.
+        groups: as in `balance_batch_across_dp`; a group must lie within one mini-batch.
+
+    Returns:
+        (bs,) long permutation; rank ``r`` takes rows ``[r * bs / world_size, (r + 1) * bs / world_size)``.
+    """
+    bs = len(seqlens)
+    if mini_batch_rows <= 0 or bs % mini_batch_rows or mini_batch_rows % world_size:
+        raise ValueError(
+            f"a mini-batch of {mini_batch_rows} rows must divide the batch ({bs} rows) and be divisible by the "
+            f"DP world size {world_size}"
+        )
+    per_rank = mini_batch_rows // world_size
+    shares: list[list[torch.Tensor]] = [[] for _ in range(world_size)]
+    for start in range(0, bs, mini_batch_rows):
+        stop = start + mini_batch_rows
+        local = None
+        if groups:
+            local = [[i - start for i in g] for g in groups if start <= g[0] < stop]
+            if any(not 0 <= i < mini_batch_rows for g in local for i in g):
+                raise ValueError("a group of rows (a prompt's samples) straddles two mini-batches")
+        order = balance_batch_across_dp(seqlens[start:stop], world_size, local) + start
+        for r in range(world_size):
+            shares[r].append(order[r * per_rank : (r + 1) * per_rank])
+    return torch.cat([part for rank in shares for part in rank])
 
 
 def rows_by_key(keys: Sequence[Any]) -> list[list[int]]:

@@ -52,6 +52,7 @@ __all__ = [
     "load_checkpoint",
     "save_checkpoint",
     "saved_model_shapes",
+    "saved_with_optimizer",
     "saved_world_size",
     "set_rng_state",
 ]
@@ -110,6 +111,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def saved_world_size(ckpt_dir: str | os.PathLike) -> int:
     """Number of ranks that wrote the checkpoint ``ckpt_dir`` (its ``meta.json``)."""
     return int(json.loads((Path(ckpt_dir) / "meta.json").read_text())["world_size"])
+
+
+def saved_with_optimizer(ckpt_dir: str | os.PathLike) -> bool:
+    """Whether the checkpoint ``ckpt_dir`` holds an optimizer state (its ``meta.json``)."""
+    return bool(json.loads((Path(ckpt_dir) / "meta.json").read_text())["has_optimizer"])
 
 
 def is_checkpoint_complete(ckpt_dir: str | os.PathLike) -> bool:
@@ -298,7 +304,10 @@ def load_checkpoint(
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker)")
     meta = json.loads((path / "meta.json").read_text())
     if optimizer is not None and not meta["has_optimizer"]:
-        raise ValueError(f"{path} was saved without an optimizer state; pass optimizer=None")
+        raise ValueError(
+            f"{path} was saved without an optimizer state (checkpoint.save_contents without 'optimizer'): leave "
+            "'optimizer' out of the role's checkpoint.load_contents to resume from it with a fresh optimizer"
+        )
     if load_rng and meta["world_size"] != _world_size():
         load_rng = False
         if _rank() == 0:
@@ -325,7 +334,10 @@ def load_checkpoint(
     extra = torch.load(extra_file, weights_only=False)
     if lr_scheduler is not None:
         if extra["lr_scheduler"] is None:
-            raise ValueError(f"{path} was saved without an LR scheduler state; pass lr_scheduler=None")
+            raise ValueError(
+                f"{path} was saved without an LR scheduler state (checkpoint.save_contents without 'extra'): "
+                "leave 'extra' out of the role's checkpoint.load_contents to resume from it"
+            )
         lr_scheduler.load_state_dict(extra["lr_scheduler"])
     if load_rng:
         set_rng_state(extra["rng"])

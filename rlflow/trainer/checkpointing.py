@@ -217,8 +217,21 @@ class TrainerCheckpointer:
             roles.append(("critic", groups.critic))
         for role, group in roles:
             _note_world_size_change(step_dir / role, group.world_size)
+            _note_missing_optimizer(step_dir / role)
             group.load_checkpoint(str(step_dir / role))
         return torch.load(step_dir / STATE_FILE, weights_only=True)
+
+
+def _note_missing_optimizer(role_dir: Path) -> None:
+    """Say that a resume from a checkpoint saved without the optimizer state restarts it."""
+    from rlflow.parallel.checkpoint import saved_with_optimizer
+
+    if role_dir.name != "ref" and not saved_with_optimizer(role_dir):
+        logger.warning(
+            "resuming %s: the checkpoint holds no optimizer state (checkpoint.save_contents without 'optimizer'), "
+            "so the optimizer's moments start afresh and the run does not continue exactly",
+            role_dir,
+        )
 
 
 def _note_world_size_change(role_dir: Path, world_size: int) -> None:

@@ -29,10 +29,10 @@ from rlflow.algos.rollout_correction import correct_rollout_batch
 from rlflow.config import to_typed, update_is_on_policy
 from rlflow.config.correction_checks import resolve_bypass_mode, rollout_correction_active
 from rlflow.config.schema import PPOTrainerConfig
-from rlflow.engine.seqlen_balancing import balance_batch_across_dp, rows_by_key
 from rlflow.logging.tracking import ProgressBar
 from rlflow.protocol import DataProto
 from rlflow.single_controller.futures import DataProtoFuture
+from rlflow.trainer.batch_order import balance_order
 from rlflow.trainer.checkpointing import TrainerCheckpointer
 from rlflow.trainer.dynamic_sampling import OutOfData, Round, sample_informative_groups
 from rlflow.trainer.generations import dump_rollouts, record_validation
@@ -435,13 +435,7 @@ class RayPPOTrainer:
 
     def _order(self, batch: DataProto) -> list[int] | None:
         """`_balance`'s order of the samples (None with ``trainer.balance_batch=false``)."""
-        if not self.config.trainer.balance_batch:
-            return None
-        seqlens = batch.batch["attention_mask"].sum(-1).tolist()
-        model = self.config.actor_rollout_ref.model
-        shared = model.use_shared_prompts and model.use_remove_padding and "uid" in batch.non_tensor_batch
-        groups = rows_by_key(batch.non_tensor_batch["uid"].tolist()) if shared else None  # a prompt's samples
-        return balance_batch_across_dp(seqlens, self.groups.actor_dp_size, groups).tolist()
+        return balance_order(batch, self.config, self.groups.actor_dp_size)
 
     def _reward(self, batch: DataProto) -> dict[str, list[Any]]:
         """Score the responses into ``token_level_scores``; returns the reward's extra info."""

@@ -439,3 +439,39 @@ def test_more_of_verls_current_script_spellings():
         ValueError, match=r"^actor_rollout_ref\.ref\.fsdp_config\.use_orig_params='false': rlflow's FSDP1"
     ):
         load_config(["actor_rollout_ref.ref.fsdp_config.use_orig_params=false"], config_name="demo_two_ranks")
+
+
+def test_verls_prefix_tree_trainer_v1_and_vision_keys():
+    """verl's prefix-tree packing is rlflow's shared-prompt packing (the same log-probs, a prompt's samples
+    sharing one copy of it); its kernel, the V1 trainer switch and the vision patch size are dropped."""
+    cfg = load_config(
+        [
+            "actor_rollout_ref.model.use_prefix_tree=True",
+            "actor_rollout_ref.model.prefix_tree_attention=magi",
+            "trainer.use_v1=False",
+            "trainer.v1.trainer_mode=sync",
+            "data.image_patch_size=16",
+            "+data.continuous_token.enable=False",
+            "trainer.balance_keep_minibatch=True",
+        ],
+        config_name="demo_two_ranks",
+    )
+    validate_config(cfg)
+    assert cfg.actor_rollout_ref.model.use_shared_prompts is True
+    assert cfg.trainer.balance_keep_minibatch is True
+    for override, message in (
+        ("trainer.v1.trainer_mode=colocate_async", "verl's asynchronous trainers"),
+        ("+data.continuous_token.enable=True", "rlflow's rollout is single-turn"),
+        ("actor_rollout_ref.model.prefix_tree_attention=sdpa", "must be one of ['flex', 'magi']"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            load_config([override], config_name="demo_two_ranks")
+    with pytest.raises(
+        ValueError, match=re.escape("use_prefix_tree=True means actor_rollout_ref.model.use_shared")
+    ):
+        load_config(
+            [
+                "actor_rollout_ref.model.use_shared_prompts=false",
+                "actor_rollout_ref.model.use_prefix_tree=True",
+            ]
+        )

@@ -68,12 +68,16 @@ BAD_CONFIGS = [
     ),
     # checkpoint contents (verl's save_contents / load_contents)
     (
-        [f"{D}.checkpoint.save_contents=[model,hf_model]"],
+        [f"{D}.checkpoint.save_contents=[optimizer,extra]"],
         {},
-        f"{D}.checkpoint.save_contents=['model', 'hf_model'] lacks ['optimizer', 'extra']: rlflow's checkpoints",
+        f"{D}.checkpoint.save_contents=['optimizer', 'extra'] lacks 'model': every checkpoint holds",
     ),
     (["critic.checkpoint.load_contents=[model,optimizer,extra,tokenizer]"], {}, "['tokenizer'] not among"),
-    ([f"{D}.checkpoint.load_contents=[optimizer]"], {}, "lacks 'model': a resume always restores the model"),
+    (
+        [f"{D}.checkpoint.load_contents=[optimizer]"],
+        {},
+        "lacks 'model': every checkpoint holds and restores the model",
+    ),
     (
         ["critic.checkpoint.async_save=true"],
         {},
