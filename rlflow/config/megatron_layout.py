@@ -39,6 +39,10 @@ flash attention, MoE dispatch, pipeline stage split)       computes, not what
                                                            reference's: ``0`` only
 ``override_transformer_config.                             ``0`` only (no aux-loss-free bias update)
 moe_router_bias_update_rate``
+``override_transformer_config.dsa_indexer_loss_coeff``,   their off values only (0 / null); the other
+``mtp_num_layers``, ``fp8``, ``fp8_recipe``                ``mtp_*`` keys dropped, logged
+``override_transformer_config.                             ``aux_loss`` (rlflow's load-balancing loss) or
+moe_router_load_balancing_type``                           ``none`` without an aux-loss coefficient
 ``actor.optim.override_optimizer_config.                   ``actor_rollout_ref.actor.fsdp_config.
 optimizer_cpu_offload=true``                               optimizer_offload=true`` (the whole state;
                                                            ``optimizer_offload_fraction`` in (0, 1] checked)
@@ -141,16 +145,58 @@ KERNEL_SWITCHES: dict[str, str] = {
         for key in ("position_embedding_type", "normalization")
     },
     "enable_vision_context_parallelism": "a vision-tower option (rlflow trains text models)",
+    **{
+        key: "a Megatron kernel choice (how a layer computes, not what)"
+        for key in (
+            "use_fused_mhc",
+            "use_fused_swiglu",
+            "use_fused_weighted_squared_relu",
+            "use_triton_gdn",
+            "use_ascend_gdn",
+            "apply_dsa_kernel_fusion",
+            "moe_router_fusion",
+            "cuda_graph_impl",
+            "cuda_graph_scope",
+        )
+    },
+    **{
+        key: "how Megatron packs and splits sequences over its ranks (rlflow packs each micro-batch itself)"
+        for key in ("sequence_packing_scheduler", "cp_partition_mode", "max_seqlen_per_dp_cp_rank")
+    },
+    "pipeline_model_parallel_layout": "how layers are divided among pipeline stages (FSDP2 shards every layer "
+    "over all ranks)",
+    "calculate_per_token_loss": "how Megatron scales a loss over micro-batches (rlflow divides by the "
+    "mini-batch's token or sequence count over all ranks, per loss_agg_mode)",
+    "init_method_std": "the initialisation of new weights (the model's come from model.path)",
+    "dsa_indexer_use_sparse_loss": "how the DeepSeek sparse-attention indexer's loss is computed (rlflow adds "
+    "none: dsa_indexer_loss_coeff is 0 only)",
+    **{
+        key: "a multi-token-prediction option, read only with mtp_num_layers > 0, which rlflow refuses"
+        for key in (
+            "mtp_loss_scaling_factor",
+            "mtp_use_repeated_layer",
+            "mtp_hybrid_override_pattern",
+            "keep_mtp_spec_in_bf16",
+        )
+    },
 }
 """``override_transformer_config`` keys whose every value rlflow's one code path satisfies -> why."""
 
 _RECOMPUTE = ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules")
 _ROUTER_LOSSES = {"moe_aux_loss_coeff": "moe_aux_loss_coef", "moe_z_loss_coeff": "moe_z_loss_coef"}
 """The actor's router losses (`rlflow.algos.moe`): Megatron's key -> rlflow's actor key."""
+_ROUTER_ELSEWHERE = (
+    "is not part of rlflow's loss (router losses are the actor's: actor_rollout_ref.actor.moe_aux_loss_coef / "
+    "moe_z_loss_coef)"
+)
 _ZERO_ONLY = {
-    "moe_aux_loss_coeff": "the critic's or the reference's router load-balancing loss",
-    "moe_z_loss_coeff": "the critic's or the reference's router z-loss",
-    "moe_router_bias_update_rate": "the aux-loss-free router bias update",
+    "moe_aux_loss_coeff": f"the critic's or the reference's router load-balancing loss {_ROUTER_ELSEWHERE}",
+    "moe_z_loss_coeff": f"the critic's or the reference's router z-loss {_ROUTER_ELSEWHERE}",
+    "moe_router_bias_update_rate": f"the aux-loss-free router bias update {_ROUTER_ELSEWHERE}",
+    "dsa_indexer_loss_coeff": "the DeepSeek sparse-attention indexer's loss is not part of rlflow's loss (the "
+    "Hugging Face model computes its attention as its config says)",
+    "mtp_num_layers": "multi-token prediction (extra prediction layers and their loss) is not supported: "
+    "rlflow trains the model's next-token head",
 }
 _OPTIM = f"{ACTOR}.optim.override_optimizer_config"
 
@@ -209,6 +255,8 @@ MEGATRON_INERT_FLAGS: dict[str, str] = {
     },
     f"{_OPTIM}.overlap_cpu_optimizer_d2h_h2d": "overlaps Megatron's host-device optimizer copies (a speed "
     "switch)",
+    f"{_OPTIM}.chunked_optimizer_state_offload": "moves Megatron's offloaded optimizer state in chunks (a "
+    "speed switch)",
     f"{_OPTIM}.use_precision_aware_optimizer": "Megatron's fused AdamW with its default fp32 moments: the "
     "same update as rlflow's AdamW",
 }
@@ -249,6 +297,7 @@ def rewrite_megatron_overrides(overrides: Iterable[str]) -> list[str]:
         ValueError: a Megatron key or value rlflow has no meaning for, naming it and what to do.
     """
     overrides = list(overrides)
+    aux_on = _aux_loss_on(overrides)
     out: list[str] = []
     late: list[str] = []  # optimizer offload asked by Megatron's optimizer: after the role's own switch
     produced: dict[str, tuple[str, str]] = {}  # rlflow key -> (the Megatron override that set it, value)
@@ -265,7 +314,7 @@ def rewrite_megatron_overrides(overrides: Iterable[str]) -> list[str]:
             _note(key, f"{key}=megatron runs as {key}=fsdp2 (rlflow.config.megatron_layout)")
             out.append(f"{key}=fsdp2")
         elif role is not None and prefix != "~":
-            new = _role_key(role, key.removeprefix(f"{role}.megatron."), value)
+            new = _role_key(role, key.removeprefix(f"{role}.megatron."), value, aux_on)
             for override in new:
                 new_key, _, new_value = override.partition("=")
                 if new_key in _PRODUCED_SWITCHES:
@@ -280,7 +329,7 @@ def rewrite_megatron_overrides(overrides: Iterable[str]) -> list[str]:
     return out
 
 
-def _role_key(role: str, sub: str, value: str) -> list[str]:
+def _role_key(role: str, sub: str, value: str, aux_on: bool = False) -> list[str]:
     """rlflow's overrides for ``<role>.megatron.<sub>=value``."""
     key = f"{role}.megatron.{sub}"
     if role == REWARD:
@@ -298,14 +347,14 @@ def _role_key(role: str, sub: str, value: str) -> list[str]:
         _note(key, f"config key {key} is read as {_RMPAD_KEY[role]} (Megatron's packed sequences)")
         return [f"{_RMPAD_KEY[role]}={value}"]
     if sub.startswith("override_transformer_config."):
-        return _transformer_key(role, sub.removeprefix("override_transformer_config."), value)
+        return _transformer_key(role, sub.removeprefix("override_transformer_config."), value, aux_on)
     raise ValueError(
         f"{key}: not one of the Megatron keys rlflow reads onto FSDP2 ({sorted(_ROLE_KEYS)}); drop it "
         "(docs/migrating_from_verl.md, verl's Megatron scripts)"
     )
 
 
-def _transformer_key(role: str, sub: str, value: str) -> list[str]:
+def _transformer_key(role: str, sub: str, value: str, aux_on: bool = False) -> list[str]:
     """rlflow's overrides for ``<role>.megatron.override_transformer_config.<sub>=value``."""
     key = f"{role}.megatron.override_transformer_config.{sub}"
     if sub in KERNEL_SWITCHES:
@@ -313,15 +362,21 @@ def _transformer_key(role: str, sub: str, value: str) -> list[str]:
         return []
     if sub in _ZERO_ONLY:
         try:
-            number = float(value)
+            number = 0.0 if sub == "mtp_num_layers" and value.lower() in _NULL else float(value)
         except ValueError:
             raise ValueError(f"{key}={value}: expected a number") from None
         if number != 0.0:
+            raise ValueError(f"{key}={value}: {_ZERO_ONLY[sub]}: set 0 or drop the key")
+        return []
+    if sub in ("fp8", "fp8_recipe"):
+        if value.lower() not in (*_NULL, "false"):
             raise ValueError(
-                f"{key}={value}: {_ZERO_ONLY[sub]} is not part of rlflow's loss (router losses are the actor's: "
-                "actor_rollout_ref.actor.moe_aux_loss_coef / moe_z_loss_coef): set 0 or drop the key"
+                f"{key}={value}: fp8 training is not supported: drop the key (rlflow computes in "
+                "fsdp_config.mixed_precision.param_dtype)"
             )
         return []
+    if sub == "moe_router_load_balancing_type":
+        return _load_balancing(key, value, aux_on)
     if sub == "recompute_granularity":
         if value.lower() in _NULL:
             return []
@@ -349,6 +404,40 @@ def _transformer_key(role: str, sub: str, value: str) -> list[str]:
     )
 
 
+def _aux_loss_on(overrides: list[str]) -> bool:
+    """Whether the command line gives the actor a load-balancing loss (Megatron's key or rlflow's)."""
+    keys = (f"{ACTOR}.megatron.override_transformer_config.moe_aux_loss_coeff", f"{ACTOR}.moe_aux_loss_coef")
+    for item in overrides:
+        _, key, rest = split_override(item)
+        if key in keys and rest:
+            try:
+                if float(unquote(rest.removeprefix("="))) > 0:
+                    return True
+            except ValueError:
+                pass  # the key's own check names it
+    return False
+
+
+def _load_balancing(key: str, value: str, aux_on: bool) -> list[str]:
+    """``moe_router_load_balancing_type``: rlflow's load-balancing loss is Megatron's ``aux_loss`` (added
+    with ``moe_aux_loss_coef > 0``); ``none`` means no such loss."""
+    if value.lower() == "none" and aux_on:  # Megatron's "none" is no load-balancing loss, not null
+        raise ValueError(
+            f"{key}=none turns Megatron's load-balancing loss off, but the command line sets moe_aux_loss_coeff > 0: "
+            "drop one of them"
+        )
+    if value.lower() in (*_NULL, "aux_loss"):
+        _note(
+            key,
+            f"config key {key}={value} is what rlflow computes (rlflow.algos.moe, with moe_aux_loss_coef > 0)",
+        )
+        return []
+    raise ValueError(
+        f"{key}={value!r}: rlflow's load-balancing loss is Megatron's aux_loss over each micro-batch's tokens "
+        "(rlflow.algos.moe); set aux_loss (or none with no aux-loss coefficient), or drop the key"
+    )
+
+
 def _optimizer_key(sub: str, value: str) -> list[str]:
     """rlflow's overrides for Megatron's ``actor.optim.override_optimizer_config.<sub>=value``."""
     key = f"{_OPTIM}.{sub}"
@@ -373,10 +462,28 @@ def _optimizer_key(sub: str, value: str) -> list[str]:
                 f"{key}={value}: with optimizer offload rlflow keeps the whole optimizer state in host memory",
             )
         return []
+    if sub == "optimizer_state_offload_chunk_size_mb":
+        if value.lower() not in _NULL and not value.isdigit():
+            raise ValueError(f"{key}={value}: expected a whole number of megabytes")
+        _note(
+            key,
+            f"config key {key}={value} changes nothing: how Megatron moves offloaded state (a speed switch)",
+        )
+        return []
+    if sub == "decoupled_weight_decay":
+        if not parse_bool(key, value):
+            raise ValueError(
+                f"{key}={value}: rlflow's optimizer is AdamW, whose weight decay is decoupled; drop it"
+            )
+        return []
+    if sub == "fp8_recipe":
+        if value.lower() not in _NULL:
+            raise ValueError(f"{key}={value}: fp8 optimizer states are not supported; drop the key")
+        return []
     inert = sorted(k.removeprefix(f"{_OPTIM}.") for k in MEGATRON_INERT_FLAGS if k.startswith(_OPTIM))
     raise ValueError(
         f"{key}: a Megatron optimizer option rlflow has no meaning for; drop it (the ones rlflow reads: "
-        f"{sorted(['optimizer_cpu_offload', 'optimizer_offload_fraction', *inert])})"
+        f"{sorted(['optimizer_cpu_offload', 'optimizer_offload_fraction', 'optimizer_state_offload_chunk_size_mb', 'decoupled_weight_decay', 'fp8_recipe', *inert])})"
     )
 
 

@@ -121,6 +121,51 @@ def test_recompute_cannot_meet_an_explicit_no_checkpointing():
         )
 
 
+def test_newer_megatron_kernel_switches_and_off_values_are_dropped():
+    """DeepSeek-V4 / Nemotron / Qwen3.5 scripts' kernel, packing and pipeline options; DSA's indexer loss,
+    multi-token prediction and fp8 at their off values; Megatron's aux_loss balancing is rlflow's."""
+    got = rewrite_overrides(
+        [
+            f"+{T}.use_fused_mhc=False",
+            f"+{T}.apply_dsa_kernel_fusion=True",
+            f"+{T}.use_triton_gdn=False",
+            f"+{T}.pipeline_model_parallel_layout='Et*3|(tt|)*29m|L'",
+            f"+{T}.sequence_packing_scheduler=dp_balanced",
+            f"+{T}.cp_partition_mode=contiguous",
+            f"+{T}.max_seqlen_per_dp_cp_rank=",
+            f"+{T}.calculate_per_token_loss=True",
+            f"+{T}.cuda_graph_impl=none",
+            f"+{T}.dsa_indexer_loss_coeff=0.0",
+            f"+{T}.dsa_indexer_use_sparse_loss=True",
+            f"+{T}.mtp_num_layers=",
+            f"+{T}.fp8=null",
+            f"+{T}.moe_router_load_balancing_type=none",
+            f"+{A}.optim.override_optimizer_config.chunked_optimizer_state_offload=True",
+            f"+{A}.optim.override_optimizer_config.optimizer_state_offload_chunk_size_mb=1024",
+            f"+{A}.optim.override_optimizer_config.decoupled_weight_decay=True",
+            f"+{A}.optim.override_optimizer_config.fp8_recipe=",
+        ]
+    )
+    assert got == []
+    assert rewrite_overrides(
+        [f"+{T}.moe_router_load_balancing_type=aux_loss", f"+{T}.moe_aux_loss_coeff=0.01"]
+    ) == [f"{A}.moe_aux_loss_coef=0.01"]
+    for override, message in (
+        (f"+{T}.dsa_indexer_loss_coeff=0.1", "the DeepSeek sparse-attention indexer's loss is not part"),
+        (f"+{T}.mtp_num_layers=1", "multi-token prediction (extra prediction layers and their loss)"),
+        (f"+{T}.fp8=e4m3", "fp8 training is not supported"),
+        (
+            f"+{T}.moe_router_load_balancing_type=seq_aux_loss",
+            "rlflow's load-balancing loss is Megatron's aux_loss",
+        ),
+        (f"+{A}.optim.override_optimizer_config.fp8_recipe=blockwise", "fp8 optimizer states"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            rewrite_overrides([override])
+    with pytest.raises(ValueError, match=re.escape("turns Megatron's load-balancing loss off")):
+        rewrite_overrides([f"+{T}.moe_router_load_balancing_type=none", f"+{T}.moe_aux_loss_coeff=0.01"])
+
+
 def test_megatron_remove_padding_is_the_models_and_must_agree_with_it():
     got = rewrite_overrides(
         [
