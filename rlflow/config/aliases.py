@@ -78,6 +78,8 @@ target_modules}`` (verl's Megatron LoRA)    target_modules}``
 ``data.filter_overlong_prompts_workers``     dropped, logged (`INERT_COUNTS`): one batched tokenizer call
 Megatron's key renames and inert switches     `rlflow.config.megatron_layout` (`MEGATRON_KEY_ALIASES`,
 (``<role>.megatron.*``)                      `MEGATRON_INERT_FLAGS`)
+``+data.<name>...`` with ``data.custom_cls``  ``data.custom_options.<name>...`` (the dataset class's own
+(a dataset class's own options)              options: `rlflow.config.dataset_options`)
 ``model_engine`` and the VeOmni, Automodel     `rlflow.config.engine_layouts`
 and MindSpeed sections (``<role>.veomni.*``,
 ``automodel_config.*``, ``mindspeed.*``)
@@ -97,6 +99,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rlflow.config.dataset_options import rewrite_dataset_options
 from rlflow.config.engine_layouts import rewrite_engine_overrides
 from rlflow.config.megatron_layout import (
     MEGATRON_INERT_FLAGS,
@@ -312,6 +315,7 @@ def rewrite_overrides(overrides: Iterable[str]) -> list[str]:
         (`rlflow.config.megatron_layout`), verl's later profiler layout onto rlflow's profiler keys last
         (`rlflow.config.profiler_layout`).
     """
+    overrides = rewrite_dataset_options(overrides)
     overrides = rewrite_megatron_overrides(rewrite_engine_overrides(overrides, canonical_key))
     out = []
     renamed: dict[str, str] = {}  # rlflow key -> the verl-spelled override renamed onto it

@@ -105,6 +105,12 @@ def check_user_code(cfg: DictConfig) -> None:
     _check_custom_reward(cfg)
     _check_custom_advantage(cfg)
     load_dataset_class(value_at(cfg, "data.custom_cls.path"), value_at(cfg, "data.custom_cls.name"))
+    options = value_at(cfg, "data.custom_options")
+    if options and value_at(cfg, "data.custom_cls.path") is None:
+        raise ValueError(
+            f"data.custom_options ({sorted(options)}) are read only by a dataset class of yours: set "
+            "data.custom_cls.path / name, or drop them"
+        )
 
 
 def check_data_tokenizer(cfg: DictConfig) -> None:

@@ -17,7 +17,7 @@ Cross-key rules (batch divisibility, world sizes, files, custom functions) are c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from rlflow.config.algorithm_schema import (
@@ -125,6 +125,9 @@ class DataConfig:
             row (the text would otherwise be trained on without its images).
         custom_cls: ``path`` / ``name`` of a dataset class to build the training and validation sets with
             instead of ``RLHFDataset`` (verl's key; `rlflow.data.custom_dataset`).
+        custom_options: options of that class, which it reads as ``config.get(name)`` or ``config.<name>``
+            (verl's scripts add them as ``+data.<name>...``: `rlflow.config.dataset_options`); refused
+            without a class.
     """
 
     tokenizer: str | None = None
@@ -153,6 +156,21 @@ class DataConfig:
     image_key: str = "images"
     video_key: str = "videos"
     custom_cls: CustomClassSection = field(default_factory=CustomClassSection)
+    custom_options: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``config.get(key, default)``, as verl's dataset classes read their ``data`` config: a data key's
+        value, else the ``custom_options`` entry, else ``default``."""
+        if key in {f.name for f in fields(self)}:
+            return getattr(self, key)
+        return self.custom_options.get(key, default)
+
+    def __getattr__(self, name: str) -> Any:
+        """``config.<name>`` for a ``custom_options`` entry (reached only for names that are not fields)."""
+        options = self.__dict__.get("custom_options")
+        if name.startswith("__") or not options or name not in options:
+            raise AttributeError(f"data has no key {name!r}")
+        return options[name]
 
 
 @dataclass

@@ -25,6 +25,7 @@ from tests.tiny_reward_model import save_tiny_reward_model
 REFUSED = {
     "reward_model.reward_manager": "batch",
     "reward_model.reward_kwargs.max_resp_len": 8,  # (appended with '+') the naive manager takes none
+    "data.custom_options.cis": 1,  # (appended with '+') read by a custom dataset class, refused without one
     "reward_model.launch_reward_fn_async": True,
     "actor_rollout_ref.rollout.mode": "server",
     "actor_rollout_ref.rollout.data_parallel_size": 2,
@@ -226,7 +227,9 @@ def test_every_key_is_read_or_refused(tmp_path, monkeypatch):
 
     refused = set()
     for key, value in REFUSED.items():
-        section = key.removesuffix(".max_resp_len")  # a key of a free-form section is appended
+        section = key.removesuffix(".max_resp_len").removesuffix(
+            ".cis"
+        )  # a free-form section's key: appended
         override = f"{'+' if section != key else ''}{key}={value}".replace("True", "true")
         with pytest.raises(ValueError, match=section.replace(".", r"\.")):
             validate_config(load_config([override], config_name="demo_two_ranks"))

@@ -3,6 +3,7 @@ sets; a wrong file, name or item layout is refused before Ray starts, naming the
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,49 @@ def test_max_samples_keeps_the_first_rows_or_a_seeded_draw(files):
         ValueError, match=r"^data\.val_max_samples=2: data\.custom_cls \(VerlSignature\) takes no"
     ):
         build_data(to_typed(custom), tokenizer)
+
+
+OPTIONS_DATASET = '''
+from rlflow.data.rl_dataset import RLHFDataset
+
+
+class SwapOptions(RLHFDataset):
+    """Reads its options as verl's CISGrpoDataset does: config.get("cis", {}) and attribute access."""
+
+    def __init__(self, data_files, tokenizer, config, processor=None, max_samples=-1):
+        super().__init__(data_files, tokenizer, config)
+        cis = config.get("cis", {}) or {}
+        self.options = (int(cis.get("swap_offset", 0)), int(cis.get("swap_seed", 7)), config.cis["shuffle"])
+        self.image_key_seen = config.get("image_key", "none")
+'''
+
+
+def test_a_dataset_class_reads_its_own_options_from_data(files, tmp_path: Path):
+    """verl's ``+data.<name>.*`` options of a custom dataset class (its InternVL CIS example): kept in
+    ``data.custom_options`` and read by the class as ``config.get(name)`` / ``config.<name>``."""
+    module = tmp_path / "options_dataset.py"
+    module.write_text(OPTIONS_DATASET)
+    cfg = load_config(
+        [
+            f"data.custom_cls.path={module}",
+            "data.custom_cls.name=SwapOptions",
+            "+data.cis.swap_offset=3",
+            "+data.cis.swap_seed=11",
+            "+data.cis.shuffle=True",
+        ],
+        config_name="demo",
+    )
+    validate_config(cfg)
+    assert cfg.data.custom_options == {"cis": {"swap_offset": 3, "swap_seed": 11, "shuffle": True}}
+    config = to_typed(cfg).data
+    cls = load_dataset_class(config.custom_cls.path, config.custom_cls.name)
+    dataset = build_rl_dataset(cls, [files["val"]], build_tiny_tokenizer(), config)
+    assert dataset.options == (3, 11, True) and dataset.image_key_seen == "images"
+    with pytest.raises(AttributeError, match="data has no key 'nope'"):
+        _ = config.nope
+    # without a dataset class the key is rlflow's unknown key, refused with the closest ones
+    with pytest.raises(ValueError, match=re.escape("data.cis is not a config key (appended with '+'?)")):
+        validate_config(load_config(["+data.cis.swap_offset=3"], config_name="demo"))
+    # options set in a config file (no class on the command line) are refused without a class
+    with pytest.raises(ValueError, match=re.escape("data.custom_options (['cis']) are read only by")):
+        validate_config(load_config(["+data.custom_options.cis.swap_seed=1"], config_name="demo"))
