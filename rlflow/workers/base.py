@@ -159,8 +159,9 @@ class RoleWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str, global_step: int = 0) -> None:
         """Sharded model, optimizer and scheduler (unless ``checkpoint.save_contents`` leaves them out) and
-        RNG, plus ``huggingface/`` (config and tokenizer of the base model) so that ``python -m rlflow.model_merger`` needs nothing else; with ``hf_model`` in
-        ``checkpoint.save_contents``, ``huggingface/`` is the whole model in HF format (collective)."""
+        RNG, plus ``huggingface/`` (config and tokenizer of the base model) so that ``python -m
+        rlflow.model_merger`` needs nothing else; with ``hf_model`` in ``checkpoint.save_contents``,
+        ``huggingface/`` is the whole model in HF format (collective)."""
         self._load_optimizer()
         section = self.checkpoint_section()
         contents = set(section.save_contents) if section is not None else {"optimizer", "extra"}
