@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["Count", "check_shapes"]
+__all__ = ["LOG_RATIO_BOUND", "Count", "check_shapes", "clamped_log_ratio"]
 
 Count = int | float | torch.Tensor
 """A token or sequence count: a Python number or a scalar tensor."""
+
+LOG_RATIO_BOUND = 20.0
+"""Bound on a log-ratio of probabilities before it is exponentiated (the ratio's overflow guard, as verl's)."""
+
+
+def clamped_log_ratio(log_prob: torch.Tensor, other_log_prob: torch.Tensor) -> torch.Tensor:
+    """``log_prob - other_log_prob`` clamped to ``[-LOG_RATIO_BOUND, LOG_RATIO_BOUND]`` (any shape)."""
+    return torch.clamp(log_prob - other_log_prob, min=-LOG_RATIO_BOUND, max=LOG_RATIO_BOUND)
 
 
 def check_shapes(fn_name: str, response_mask: torch.Tensor, **tensors: torch.Tensor | None) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlflow.algos.common import Count, check_shapes
+from rlflow.algos.common import Count, check_shapes, clamped_log_ratio
 from rlflow.algos.losses import _apply_is_weights, _clip_ratios, agg_loss, register_policy_loss
 from rlflow.utils.torch_functional import masked_mean
 
@@ -175,7 +175,7 @@ def select_cov_tokens(
         threshold = _global_kth(cov[valid], k, largest=True, group=group)
         return valid & (cov >= threshold)
     low, high = _clip_ratios(config, "select_cov_tokens")
-    ratio = torch.exp(torch.clamp(log_prob.detach() - old_log_prob, min=-20.0, max=20.0))
+    ratio = torch.exp(clamped_log_ratio(log_prob.detach(), old_log_prob))
     held_by_clip = -advantages * torch.clamp(ratio, 1 - low, 1 + high) > -advantages * ratio
     candidates = valid & ~held_by_clip & (cov > float(pl.clip_cov_lb)) & (cov < float(pl.clip_cov_ub))
     if keys is None:
@@ -237,7 +237,7 @@ def compute_policy_loss_kl_cov(
     selected = _local_selection(
         "kl_cov", cov_selected, (old_log_prob, log_prob, advantages, response_mask), config
     )
-    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    log_ratio = clamped_log_ratio(log_prob, old_log_prob)
     penalty = float(config.policy_loss.ppo_kl_coef) * log_ratio.abs() * selected.to(log_ratio.dtype)
     pg_losses = _apply_is_weights(-advantages * torch.exp(log_ratio) + penalty, rollout_is_weights, fn_name)
     pg_loss = agg_loss(
@@ -291,7 +291,7 @@ def compute_policy_loss_clip_cov(
         "clip_cov", cov_selected, (old_log_prob, log_prob, advantages, response_mask), config
     )
     low, high = _clip_ratios(config, fn_name)
-    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    log_ratio = clamped_log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio)
     surrogate = torch.maximum(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - low, 1 + high))
     pg_losses = _apply_is_weights(surrogate * (~selected).to(ratio.dtype), rollout_is_weights, fn_name)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from rlflow.algos.common import Count, check_shapes
+from rlflow.algos.common import Count, check_shapes, clamped_log_ratio
 from rlflow.utils.torch_functional import clip_by_value, entropy_from_logits, masked_mean, masked_sum
 
 __all__ = [
@@ -253,7 +253,7 @@ def compute_rollout_is_weights(
     )
     if not imp_ratio_cap > 0:
         raise ValueError(f"compute_rollout_is_weights: imp_ratio_cap must be > 0, got {imp_ratio_cap}")
-    log_w = torch.clamp(old_log_prob - rollout_log_probs, min=-20.0, max=20.0).detach()
+    log_w = clamped_log_ratio(old_log_prob, rollout_log_probs).detach()
     return torch.exp(log_w).clamp(max=imp_ratio_cap) * response_mask.to(log_w.dtype)
 
 
@@ -305,7 +305,7 @@ def compute_policy_loss_vanilla(
     clip_ratio_c = float(config.clip_ratio_c)
     if not clip_ratio_c > 1.0:
         raise ValueError(f"{fn_name}: actor.clip_ratio_c (dual-clip bound) must be > 1, got {clip_ratio_c}")
-    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    log_ratio = clamped_log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio)
     ppo_kl = masked_mean(-log_ratio, response_mask)
 

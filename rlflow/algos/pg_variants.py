@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from rlflow.algos.common import Count, check_shapes
+from rlflow.algos.common import Count, check_shapes, clamped_log_ratio
 from rlflow.algos.losses import (
     _apply_is_weights,
     _clip_ratios,
@@ -149,11 +149,6 @@ def compute_policy_loss_geo_mean(
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
 
-def _log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
-    """``log_prob - old_log_prob`` clamped to [-20, 20] (the ratio's overflow guard, as verl's)."""
-    return torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
-
-
 @register_policy_loss("sapo")
 def compute_policy_loss_sapo(
     old_log_prob: torch.Tensor,
@@ -193,7 +188,7 @@ def compute_policy_loss_sapo(
     tau_neg = float(getattr(config, "tau_neg", SAPO_TAUS[1]))
     if not (tau_pos > 0 and tau_neg > 0):
         raise ValueError(f"{fn_name}: actor.tau_pos={tau_pos} and actor.tau_neg={tau_neg} must be > 0")
-    log_ratio = _log_ratio(log_prob, old_log_prob)
+    log_ratio = clamped_log_ratio(log_prob, old_log_prob)
     tau = torch.full_like(log_ratio, tau_neg).masked_fill(advantages > 0, tau_pos)
     gate = torch.sigmoid(tau * (torch.exp(log_ratio) - 1.0)) * (4.0 / tau)
     pg_losses = _apply_is_weights(-gate * advantages, rollout_is_weights, fn_name)
@@ -240,7 +235,7 @@ def compute_policy_loss_cispo(
     fn_name = "compute_policy_loss_cispo"
     check_shapes(fn_name, response_mask, old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages)
     low, high = _clip_ratios(config, fn_name)
-    log_ratio = _log_ratio(log_prob, old_log_prob).detach()
+    log_ratio = clamped_log_ratio(log_prob, old_log_prob).detach()
     ratio = torch.exp(log_ratio)
     weight = torch.clamp(ratio, 1.0 - low, 1.0 + high)
     pg_losses = _apply_is_weights(-weight * advantages * log_prob, rollout_is_weights, fn_name)

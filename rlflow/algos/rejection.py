@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rlflow.algos.common import clamped_log_ratio
+
 __all__ = ["RS_OPTIONS", "RejectionRule", "is_rs_option_list", "parse_rejection", "reject"]
 
 RS_OPTIONS = (
@@ -53,7 +55,6 @@ RS_OPTIONS = (
     "binary_kl",
 )
 """verl's current rejection options (``algorithm.rollout_correction.rollout_rs``, comma-separated)."""
-_LOG_BOUND = 20.0
 _P_EPS = 1e-6
 
 
@@ -182,7 +183,7 @@ def reject(
     """
     old = old_log_prob.detach().to(torch.float64)
     rollout = rollout_log_probs.to(torch.float64)
-    log_ratio = ((old - rollout) * mask).clamp(-_LOG_BOUND, _LOG_BOUND)
+    log_ratio = clamped_log_ratio(old, rollout) * mask
     valid = mask.bool()
     has_tokens = valid.any(-1)
     n_tokens, n_seq = mask.sum().clamp(min=1), max(int(has_tokens.sum()), 1)

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from rlflow.algos.common import LOG_RATIO_BOUND
 from rlflow.algos.rejection import is_rs_option_list, parse_rejection, reject
 from rlflow.protocol import DataProto
 
@@ -43,7 +44,6 @@ __all__ = [
 
 IS_LEVELS = ("token", "sequence")
 RS_LEVELS = ("token", "sequence", "geometric")
-_LOG_BOUND = 20.0
 
 
 @dataclass
@@ -147,10 +147,10 @@ def compute_rollout_correction(
     weights = None
     if rollout_is is not None:
         if rollout_is == "token":
-            raw = torch.exp(log_ratio.clamp(-_LOG_BOUND, _LOG_BOUND))
+            raw = torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
             valid = mask
         else:
-            raw = torch.exp(seq_sum.clamp(-_LOG_BOUND, _LOG_BOUND)).unsqueeze(-1).expand_as(mask)
+            raw = torch.exp(seq_sum.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)).unsqueeze(-1).expand_as(mask)
             valid = torch.zeros_like(mask)  # each response's weight counted once (its first column)
             valid[:, 0] = has_tokens.to(mask.dtype)
         sel = raw[valid.bool()]
@@ -186,11 +186,11 @@ def compute_rollout_correction(
         elif rollout_rs is not None:
             lower, upper = _bounds(rollout_rs_threshold, rollout_rs_threshold_lower, rollout_is_threshold)
             if rollout_rs == "token":
-                ratio = torch.exp(log_ratio.clamp(-_LOG_BOUND, _LOG_BOUND))
+                ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
                 keep = keep * ((ratio >= lower) & (ratio <= upper)).to(keep.dtype)
             else:
                 log_seq = seq_sum if rollout_rs == "sequence" else seq_sum / seq_len.clamp(min=1)
-                ratio = torch.exp(log_seq.clamp(-_LOG_BOUND, _LOG_BOUND))
+                ratio = torch.exp(log_seq.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
                 keep = keep * ((ratio >= lower) & (ratio <= upper)).to(keep.dtype).unsqueeze(-1)
         if rollout_token_veto_threshold is not None:
             catastrophic = (log_ratio < math.log(float(rollout_token_veto_threshold))) & mask.bool()

@@ -106,7 +106,7 @@ from rlflow.config.megatron_layout import (
     MEGATRON_KEY_ALIASES,
     rewrite_megatron_overrides,
 )
-from rlflow.config.override_syntax import note_once, parse_bool, split_override, unquote
+from rlflow.config.override_syntax import note_once, parse_bool, same_value, split_override, unquote
 from rlflow.config.profiler_layout import rewrite_profiler_overrides
 from rlflow.config.rollout_checks import VLLM_ENGINE_KWARGS_OWNED
 from rlflow.config.verl_defaults_only import drop_default_only
@@ -365,7 +365,7 @@ def _check_renamed(overrides: list[str], renamed: dict[str, str]) -> None:
         if key not in renamed or not rest:
             continue
         value = unquote(rest.removeprefix("="))
-        if key in first and not _equal(key, first[key], value):
+        if key in first and not same_value(key, first[key], value):
             raise ValueError(
                 f"{renamed[key]} is verl's spelling of {key}, and the command line sets {key} to {first[key]} and "
                 f"to {value}; drop one of them"
@@ -403,9 +403,7 @@ def _flag(key: str, value: str, done: list[str], overrides: Iterable[str]) -> li
     target_key, _, target_value = target.partition("=")
     for other in [*done, *overrides]:
         _, other_key, other_value = split_override(other)
-        if other_key == target_key and not _same_value(
-            other_key, other_value.removeprefix("="), target_value
-        ):
+        if other_key == target_key and not same_value(other_key, other_value.removeprefix("="), target_value):
             raise ValueError(f"{key}={value} means {target}, but the command line also sets {other}")
     _note(f"{key}={value}", target)
     return [target]
@@ -418,24 +416,6 @@ def _value_alias(key: str, value: str) -> str:
         raise ValueError(f"{key}={value!r} must be one of {sorted(choices)} (verl's names)")
     _note(f"{key}={value}", choices[value])
     return choices[value]
-
-
-def _equal(key: str, a: str, b: str) -> bool:
-    """Whether two values of ``key`` are the same (booleans in any spelling)."""
-    try:
-        return parse_bool(key, a) == parse_bool(key, b)
-    except ValueError:
-        return unquote(a) == unquote(b)
-
-
-def _same_value(key: str, value: str, target: str) -> bool:
-    """Whether an override's ``value`` is the alias's ``target`` value (booleans in any spelling)."""
-    if target in ("true", "false"):
-        try:
-            return parse_bool(key, value) == (target == "true")
-        except ValueError:
-            return False
-    return unquote(value) == target
 
 
 def _coef(key: str, value: str) -> list[str]:

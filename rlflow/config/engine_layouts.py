@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
-from rlflow.config.override_syntax import note_once, parse_bool, split_override, unquote
+from rlflow.config.override_syntax import check_produced, note_once, parse_bool, split_override, unquote
 
 logger = logging.getLogger(__name__)
 
@@ -240,7 +240,12 @@ def rewrite_engine_overrides(
                 out.append(new)
         else:
             out.append(item)
-    _check_conflicts(out, produced, canonical)
+    check_produced(
+        out,
+        produced,
+        "{origin} sets {key}={value}, but the command line also sets {item}; drop one of them",
+        canonical,
+    )
     return out
 
 
@@ -372,29 +377,6 @@ def _unknown(key: str, section: str) -> str:
         f"{key}: not one of the {section} keys rlflow reads onto FSDP2 (it reads the offloads, FSDP and "
         f"sequence-parallel sizes, and logs {known}); drop it (docs/migrating_from_verl.md, verl's engines)"
     )
-
-
-def _check_conflicts(
-    overrides: list[str], produced: dict[str, tuple[str, str]], canonical: Callable[[str], str]
-) -> None:
-    """An engine key must not set an rlflow key that another override sets to another value."""
-    for item in overrides:
-        _, key, rest = split_override(item)
-        key = canonical(key)
-        if key not in produced or not rest:
-            continue
-        origin, value = produced[key]
-        if not _same(key, unquote(rest.removeprefix("=")), value):
-            raise ValueError(
-                f"{origin} sets {key}={value}, but the command line also sets {item}; drop one of them"
-            )
-
-
-def _same(key: str, a: str, b: str) -> bool:
-    try:
-        return parse_bool(key, a) == parse_bool(key, b)
-    except ValueError:
-        return unquote(a) == unquote(b)
 
 
 def _engine(value: str) -> None:

@@ -65,7 +65,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from rlflow.config.override_syntax import note_once, parse_bool, split_override, unquote
+from rlflow.config.override_syntax import check_produced, note_once, parse_bool, split_override, unquote
 
 logger = logging.getLogger(__name__)
 
@@ -325,7 +325,11 @@ def rewrite_megatron_overrides(overrides: Iterable[str]) -> list[str]:
         else:
             out.append(item)
     out.extend(late)
-    _check_produced(out, produced)
+    check_produced(
+        out,
+        produced,
+        "{key}: {origin} sets it to {value}, but the command line also sets {item}; drop one of them",
+    )
     return out
 
 
@@ -485,19 +489,6 @@ def _optimizer_key(sub: str, value: str) -> list[str]:
         f"{key}: a Megatron optimizer option rlflow has no meaning for; drop it (the ones rlflow reads: "
         f"{sorted(['optimizer_cpu_offload', 'optimizer_offload_fraction', 'optimizer_state_offload_chunk_size_mb', 'decoupled_weight_decay', 'fp8_recipe', *inert])})"
     )
-
-
-def _check_produced(overrides: list[str], produced: dict[str, str]) -> None:
-    """A key a Megatron setting sets (gradient checkpointing from a recompute setting, remove-padding)
-    must not meet another override of it to another value."""
-    for _, key, rest in map(split_override, overrides):
-        if key not in produced or not rest:
-            continue
-        origin, value = produced[key]
-        if parse_bool(key, value) != parse_bool(key, rest.removeprefix("=")):
-            raise ValueError(
-                f"{key}: {origin} sets it to {value}, but the command line also sets {key}{rest}; drop one of them"
-            )
 
 
 def _note(key: str, message: str) -> None:

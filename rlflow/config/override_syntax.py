@@ -6,8 +6,17 @@ log-once notes.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable, Mapping
 
-__all__ = ["HYDRA_PREFIXES", "note_once", "parse_bool", "split_override", "unquote"]
+__all__ = [
+    "HYDRA_PREFIXES",
+    "check_produced",
+    "note_once",
+    "parse_bool",
+    "same_value",
+    "split_override",
+    "unquote",
+]
 
 HYDRA_PREFIXES = ("++", "+", "~")
 """Hydra's override prefixes: force-add, add, delete (longest first)."""
@@ -45,6 +54,40 @@ def parse_bool(key: str, value: str) -> bool:
     if text in _FALSE:
         return False
     raise ValueError(f"{key}={value}: expected true or false")
+
+
+def same_value(key: str, a: str, b: str) -> bool:
+    """Whether two override values of ``key`` are the same: booleans in any spelling, else the unquoted text."""
+    try:
+        return parse_bool(key, a) == parse_bool(key, b)
+    except ValueError:
+        return unquote(a) == unquote(b)
+
+
+def check_produced(
+    overrides: Iterable[str],
+    produced: Mapping[str, tuple[str, str]],
+    message: str,
+    canonical: Callable[[str], str] = lambda key: key,
+) -> None:
+    """Refuse an override that sets a key a rewrite produced to another value than the rewrite did.
+
+    Args:
+        overrides: the rewritten overrides.
+        produced: rlflow key -> (the verl override that set it, the value it set).
+        message: the error, formatted with ``key``, ``origin``, ``value`` and ``item`` (the other override).
+        canonical: rlflow's spelling of a key, to find the other override under a verl spelling.
+
+    Raises:
+        ValueError: ``message`` for the first contradicting override.
+    """
+    for item in overrides:
+        _, key, rest = split_override(item)
+        key = canonical(key)
+        if key in produced and rest:
+            origin, value = produced[key]
+            if not same_value(key, rest.removeprefix("="), value):
+                raise ValueError(message.format(key=key, origin=origin, value=value, item=item))
 
 
 _NOTED: set[str] = set()

@@ -45,6 +45,7 @@ from rlflow.parallel.sharded import base_model_class, get_full_state_dict, is_fs
 __all__ = [
     "COMPLETE_MARKER",
     "check_model_matches",
+    "checkpoint_meta",
     "export_hf",
     "find_latest_checkpoint",
     "get_rng_state",
@@ -52,8 +53,6 @@ __all__ = [
     "load_checkpoint",
     "save_checkpoint",
     "saved_model_shapes",
-    "saved_with_optimizer",
-    "saved_world_size",
     "set_rng_state",
 ]
 
@@ -108,14 +107,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- directories
 
 
-def saved_world_size(ckpt_dir: str | os.PathLike) -> int:
-    """Number of ranks that wrote the checkpoint ``ckpt_dir`` (its ``meta.json``)."""
-    return int(json.loads((Path(ckpt_dir) / "meta.json").read_text())["world_size"])
-
-
-def saved_with_optimizer(ckpt_dir: str | os.PathLike) -> bool:
-    """Whether the checkpoint ``ckpt_dir`` holds an optimizer state (its ``meta.json``)."""
-    return bool(json.loads((Path(ckpt_dir) / "meta.json").read_text())["has_optimizer"])
+def checkpoint_meta(ckpt_dir: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint's ``meta.json``: ``format_version``, ``world_size`` (the ranks that wrote it),
+    ``strategy`` and ``has_optimizer``."""
+    return json.loads((Path(ckpt_dir) / "meta.json").read_text())
 
 
 def is_checkpoint_complete(ckpt_dir: str | os.PathLike) -> bool:
@@ -302,7 +297,7 @@ def load_checkpoint(
     path = Path(ckpt_dir)
     if not is_checkpoint_complete(path):
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker)")
-    meta = json.loads((path / "meta.json").read_text())
+    meta = checkpoint_meta(path)
     if optimizer is not None and not meta["has_optimizer"]:
         raise ValueError(
             f"{path} was saved without an optimizer state (checkpoint.save_contents without 'optimizer'): leave "

@@ -216,37 +216,31 @@ class TrainerCheckpointer:
                 raise ValueError(f"checkpoint {step_dir} has no critic/ but this run uses a critic")
             roles.append(("critic", groups.critic))
         for role, group in roles:
-            _note_world_size_change(step_dir / role, group.world_size)
-            _note_missing_optimizer(step_dir / role)
+            _note_resume_differences(step_dir / role, group.world_size)
             group.load_checkpoint(str(step_dir / role))
         return torch.load(step_dir / STATE_FILE, weights_only=True)
 
 
-def _note_missing_optimizer(role_dir: Path) -> None:
-    """Say that a resume from a checkpoint saved without the optimizer state restarts it."""
-    from rlflow.parallel.checkpoint import saved_with_optimizer
+def _note_resume_differences(role_dir: Path, world_size: int) -> None:
+    """Log what a resume does not restore: the per-rank RNG states on another number of ranks, the
+    optimizer state when the checkpoint was saved without it."""
+    from rlflow.parallel.checkpoint import checkpoint_meta
 
-    if role_dir.name != "ref" and not saved_with_optimizer(role_dir):
+    meta = checkpoint_meta(role_dir)
+    saved = int(meta["world_size"])
+    if saved != world_size:
+        logger.warning(
+            "resuming %s written by %d rank(s), this run has %d: model, optimizer and lr schedule are "
+            "resharded by torch.distributed.checkpoint; the per-rank python/numpy/torch RNG states are not "
+            "restored, every rank is re-seeded from trainer.seed (rollout sampling is keyed by step and global "
+            "row, mini-batch shuffles by step: neither reads those states)",
+            role_dir,
+            saved,
+            world_size,
+        )
+    if role_dir.name != "ref" and not meta["has_optimizer"]:
         logger.warning(
             "resuming %s: the checkpoint holds no optimizer state (checkpoint.save_contents without 'optimizer'), "
             "so the optimizer's moments start afresh and the run does not continue exactly",
             role_dir,
         )
-
-
-def _note_world_size_change(role_dir: Path, world_size: int) -> None:
-    """Log what a resume on another number of ranks restores and what it re-seeds."""
-    from rlflow.parallel.checkpoint import saved_world_size
-
-    saved = saved_world_size(role_dir)
-    if saved == world_size:
-        return
-    logger.warning(
-        "resuming %s written by %d rank(s), this run has %d: model, optimizer and lr schedule are "
-        "resharded by torch.distributed.checkpoint; the per-rank python/numpy/torch RNG states are not "
-        "restored, every rank is re-seeded from trainer.seed (rollout sampling is keyed by step and global "
-        "row, mini-batch shuffles by step: neither reads those states)",
-        role_dir,
-        saved,
-        world_size,
-    )

@@ -17,7 +17,7 @@ from rlflow.protocol import DataProto, pad_dataproto_to_divisor
 from rlflow.single_controller.decorator import _chunk_future, future_from_refs
 from rlflow.trainer.main_ppo import run_ppo
 from rlflow.trainer.pf_ppo import redraw_batch
-from tests.trainer.test_e2e import _comparable
+from tests.trainer.test_e2e import _comparable, _overrides
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -77,18 +77,8 @@ def test_the_critics_future_is_redrawn_with_the_batchs_rows(order):
     ]
 
 
-def _overrides(tmp_path: Path, *extra: str) -> list[str]:
-    return [
-        "trainer.test_freq=-1",
-        "trainer.val_before_train=false",
-        "trainer.logger=[jsonl]",
-        f"trainer.log_dir={tmp_path / 'logs'}",
-        f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-        "data.train_batch_size=8",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "algorithm.use_pf_ppo=true",
-        *extra,
-    ]
+def _pf_overrides(tmp_path: Path, *extra: str) -> list[str]:
+    return _overrides(tmp_path, "algorithm.use_pf_ppo=true", *extra)  # test_e2e's, 2 steps unless extra says
 
 
 @pytest.mark.slow
@@ -104,7 +94,7 @@ def test_pf_ppo_with_a_critic_trains_and_resumes_exactly(tmp_path):
     ]
     full = run_ppo(
         load_config(
-            _overrides(tmp_path / "full", *common, "trainer.total_training_steps=2"), "demo_two_ranks"
+            _pf_overrides(tmp_path / "full", *common, "trainer.total_training_steps=2"), "demo_two_ranks"
         )
     )
     steps = {h["step"]: h for h in full["history"] if h["step"] > 0}
@@ -122,9 +112,9 @@ def test_pf_ppo_with_a_critic_trains_and_resumes_exactly(tmp_path):
         assert 0 < h["pf_ppo/unique_fraction"] <= 1 and h["pf_ppo/max_repeats"] >= 1
 
     part = tmp_path / "part"
-    run_ppo(load_config(_overrides(part, *common, "trainer.total_training_steps=1"), "demo_two_ranks"))
+    run_ppo(load_config(_pf_overrides(part, *common, "trainer.total_training_steps=1"), "demo_two_ranks"))
     resumed = run_ppo(
-        load_config(_overrides(part, *common, "trainer.total_training_steps=2"), "demo_two_ranks")
+        load_config(_pf_overrides(part, *common, "trainer.total_training_steps=2"), "demo_two_ranks")
     )
     got = {h["step"]: _comparable(h) for h in resumed["history"] if h["step"] > 0}
     want = _comparable(steps[2])
@@ -139,7 +129,7 @@ def test_pf_ppo_without_a_critic(tmp_path):
     its advantages."""
     result = run_ppo(
         load_config(
-            _overrides(
+            _pf_overrides(
                 tmp_path,
                 "trainer.total_training_steps=1",
                 "algorithm.adv_estimator=grpo",

@@ -137,8 +137,13 @@ def test_veomni_port_runs_two_steps_on_fsdp2(tmp_path):
     steps = [h for h in history if h["step"] > 0]
     assert [h["step"] for h in steps] == [1, 2]
     for h in steps:
-        for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
+        for key in ("actor/pg_loss", "actor/grad_norm"):
             assert math.isfinite(h[key]), key
+        assert h["actor/kl_coef"] == pytest.approx(0.001)
+    # one mini-batch per step: step 1's KL loss is taken before any update, where the actor is the
+    # reference (0 up to float noise); step 2's after one update at lr 5e-7 (a little, and >= 0)
+    assert abs(steps[0]["actor/kl_loss"]) < 1e-6
+    assert 0 <= steps[1]["actor/kl_loss"] < 1e-3
     assert "val-core/rlflow/repeat/reward/mean@1" in history[0]  # val_before_train=True
 
 
