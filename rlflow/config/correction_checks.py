@@ -70,6 +70,10 @@ def resolve_bypass_mode(cfg: Any) -> tuple[bool, str]:
         (float(arr.actor.tis_imp_ratio_cap) > 0, "actor.tis_imp_ratio_cap compares the two"),
         (bool(rollout.calculate_log_probs), "rollout.calculate_log_probs=true (the agreement is logged)"),
         (update_is_on_policy(cfg), "an on-policy update (its own forward gives them exactly)"),
+        (
+            str(arr.actor.router_replay.mode) == "R2",
+            "actor.router_replay.mode=R2 (the pass records the routing the update replays)",
+        ),
     ]
     for hit, why in unequal:
         if hit:

@@ -11,7 +11,13 @@ from omegaconf import DictConfig
 from rlflow.config.checks import at_least, flag, value_at
 from rlflow.config.engine_schema import MegatronConfig
 
-__all__ = ["check_megatron", "check_router_losses", "megatron_summary"]
+__all__ = [
+    "check_megatron",
+    "check_router_losses",
+    "check_router_replay",
+    "check_router_replay_settings",
+    "megatron_summary",
+]
 
 
 def check_megatron(cfg: DictConfig, prefix: str, world: int, sp: int) -> None:
@@ -110,4 +116,50 @@ def check_router_losses(cfg: DictConfig, model_config: Any) -> None:
         raise ValueError(
             f"{actor}.moe_aux_loss_coef / moe_z_loss_coef with {actor}.ulysses_sequence_parallel_size > 1: each "
             "rank would see a slice of the router's tokens; use SP 1"
+        )
+
+
+_REPLAY = "actor_rollout_ref.actor.router_replay"
+
+
+def check_router_replay_settings(cfg: DictConfig) -> None:
+    """``actor_rollout_ref.actor.router_replay`` (verl's routing replay, `rlflow.models.router_replay`):
+    ``mode`` one of disabled / R2 / R3; R3 exactly with ``rollout.enable_rollout_routing_replay``; R2 with
+    the old-log-prob pass that records; verl's dump files null."""
+    from rlflow.models.router_replay import REPLAY_MODES
+
+    key = _REPLAY
+    rollout_key = "actor_rollout_ref.rollout.enable_rollout_routing_replay"
+    mode = str(value_at(cfg, f"{key}.mode"))
+    if mode not in REPLAY_MODES:
+        raise ValueError(f"{key}.mode={mode!r} is not one of {list(REPLAY_MODES)}")
+    for name in ("record_file", "replay_file"):
+        if value_at(cfg, f"{key}.{name}") is not None:
+            raise ValueError(
+                f"{key}.{name}: rlflow does not write or read routing files; the recorded routing travels in "
+                "the batch (routed_experts): drop the key"
+            )
+    from_rollout = bool(value_at(cfg, rollout_key))
+    if (mode == "R3") != from_rollout:
+        raise ValueError(
+            f"{key}.mode={mode} with {rollout_key}={str(from_rollout).lower()}: R3 replays the routing the rollout "
+            "records, and only R3 reads it; set both (R3 and true) or neither"
+        )
+    if mode == "R2" and value_at(cfg, "algorithm.rollout_correction.bypass_mode") is True:
+        raise ValueError(
+            f"{key}.mode=R2 records the routing in the old-log-prob pass, which "
+            "algorithm.rollout_correction.bypass_mode=true skips: use R3 (the rollout records it) or bypass_mode=null"
+        )
+
+
+def check_router_replay(cfg: DictConfig, model_config: Any) -> None:
+    """Routing replay needs a mixture-of-experts actor (its Hugging Face config: ``model_config``)."""
+    mode = str(value_at(cfg, f"{_REPLAY}.mode"))
+    moe = getattr(model_config, "num_experts_per_tok", None) is not None and hasattr(
+        model_config, "output_router_logits"
+    )
+    if mode != "disabled" and not moe:
+        raise ValueError(
+            f"{_REPLAY}.mode={mode}: the actor's model ({type(model_config).__name__}) is not a mixture of experts "
+            "(no routers to replay); set disabled"
         )

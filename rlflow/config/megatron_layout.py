@@ -51,6 +51,9 @@ optimizer_cpu_offload=true``                               optimizer_offload=tru
                                                            use_remove_padding`` (Megatron's packed format)
 ``megatron.{use_distributed_optimizer,sequence_parallel,   dropped, logged: how Megatron shards the optimizer
 use_megatron_fsdp}``                                       and the activations (FSDP2 shards both)
+``actor.megatron.router_replay.*``                         ``actor_rollout_ref.actor.router_replay.*`` (routing
+                                                           replay, `rlflow.models.router_replay`); the
+                                                           reference's and critic's: ``mode=disabled`` only
 ``model_engine=megatron``                                  dropped, logged (`rlflow.config.engine_layouts`)
 =========================================================  =================================================
 
@@ -280,6 +283,7 @@ _ROLE_KEYS = (
     "use_distributed_optimizer",
     "sequence_parallel",
     "use_megatron_fsdp",
+    "router_replay.*",
     "override_transformer_config.*",
 )
 
@@ -352,9 +356,27 @@ def _role_key(role: str, sub: str, value: str, aux_on: bool = False) -> list[str
         return [f"{_RMPAD_KEY[role]}={value}"]
     if sub.startswith("override_transformer_config."):
         return _transformer_key(role, sub.removeprefix("override_transformer_config."), value, aux_on)
+    if sub.startswith("router_replay."):
+        return _router_replay_key(role, sub.removeprefix("router_replay."), value)
     raise ValueError(
         f"{key}: not one of the Megatron keys rlflow reads onto FSDP2 ({sorted(_ROLE_KEYS)}); drop it "
         "(docs/migrating_from_verl.md, verl's Megatron scripts)"
+    )
+
+
+def _router_replay_key(role: str, sub: str, value: str) -> list[str]:
+    """``<role>.megatron.router_replay.<sub>``: the actor's is ``actor.router_replay.<sub>`` (verl's FSDP
+    spelling, `rlflow.models.router_replay`); the reference and the critic route live."""
+    key = f"{role}.megatron.router_replay.{sub}"
+    if role == ACTOR:
+        _note(key, f"config key {key} is read as {ACTOR}.router_replay.{sub}")
+        return [f"{ACTOR}.router_replay.{sub}={value}"]
+    if sub == "mode" and value == "disabled":
+        _note(key, f"{key}=disabled: the {role.rsplit('.', 1)[-1]} routes live in rlflow; dropped")
+        return []
+    raise ValueError(
+        f"{key}={value}: only the actor replays routing ({ACTOR}.router_replay.mode); the reference and the "
+        "critic compute their own: drop the key"
     )
 
 

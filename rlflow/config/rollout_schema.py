@@ -87,6 +87,8 @@ class RolloutSection:
         micro_batch_size: rows (after the ``n`` repeat) decoded together; None = the whole batch.
         seed: base seed of the sampling noise (counter-based: keyed by step and global row).
         calculate_log_probs: also return ``rollout_log_probs`` (and log ``training/rollout_probs_diff_*``).
+        enable_rollout_routing_replay: a mixture-of-experts actor: also return each token's experts as
+            ``routed_experts`` (`rlflow.models.router_replay`), which ``actor.router_replay.mode=R3`` replays.
         log_prob_micro_batch_size_per_gpu: responses per forward of the old-log-prob pass on one rank.
         log_prob_micro_batch_size: verl's deprecated global form of it (`rlflow.config.global_sizes`).
         log_prob_use_dynamic_bsz: token-budget micro-batches for the old-log-prob pass.
@@ -129,6 +131,7 @@ class RolloutSection:
     micro_batch_size: int | None = None
     seed: int = 0
     calculate_log_probs: bool = False
+    enable_rollout_routing_replay: bool = False
     log_prob_micro_batch_size_per_gpu: int = 16
     log_prob_micro_batch_size: int | None = None
     log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")

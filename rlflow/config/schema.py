@@ -274,6 +274,24 @@ class PolicyLossConfig:
 
 
 @dataclass
+class RouterReplayConfig:
+    """``actor_rollout_ref.actor.router_replay``: routing replay of a mixture-of-experts actor (verl's keys,
+    `rlflow.models.router_replay`).
+
+    Attributes:
+        mode: disabled | R2 (the old-log-prob pass records each token's experts, the update's forwards
+            replay them) | R3 (the rollout records them while sampling, needs
+            ``rollout.enable_rollout_routing_replay``; the old-log-prob pass and the update replay them).
+        record_file / replay_file: verl's files of recorded routing: null only (the routing travels in
+            the batch as ``routed_experts``).
+    """
+
+    mode: str = "disabled"
+    record_file: str | None = None
+    replay_file: str | None = None
+
+
+@dataclass
 class ActorConfig:
     """``actor_rollout_ref.actor``: the PPO policy update (verl key names).
 
@@ -298,6 +316,7 @@ class ActorConfig:
             `rlflow.algos.moe`): Switch load balancing and ST-MoE's z-loss over each micro-batch's tokens,
             weighted by its share of the mini-batch's tokens; 0 = off. Needs a Hugging Face MoE model
             (``output_router_logits``) and Ulysses SP 1.
+        router_replay: replay of a mixture-of-experts actor's routing (`RouterReplayConfig`).
         use_torch_compile: the log-prob and entropy kernels on the logits run through ``torch.compile``
             (`rlflow.utils.logit_blocks`, verl's key); null = on CUDA only (verl's default there; on CPU
             inductor's C++ build costs ~20 s per process, more than the tiny model's kernels take).
@@ -337,6 +356,7 @@ class ActorConfig:
     profile_ranks_all: bool = False
     profile_discrete: bool = False
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)

@@ -50,7 +50,7 @@ from rlflow.config.correction_checks import check_rollout_correction
 from rlflow.config.file_checks import check_data_tokenizer, check_files, check_user_code
 from rlflow.config.lora_checks import check_lora
 from rlflow.config.loss_checks import check_policy_loss
-from rlflow.config.megatron_checks import check_megatron
+from rlflow.config.megatron_checks import check_megatron, check_router_replay_settings
 from rlflow.config.resource_checks import check_local_resources
 from rlflow.config.reward_checks import check_filter_groups, check_pf_ppo, check_reward_model
 from rlflow.config.rollout_checks import ROLLOUT_NAMES, check_rollout
@@ -339,6 +339,7 @@ def _check_actor(cfg: DictConfig) -> None:
         )
     positive(cfg, "actor_rollout_ref.nccl_timeout")
     check_checkpoint_contents(cfg, f"{ACTOR}.checkpoint")
+    check_router_replay_settings(cfg)
     _check_model(cfg, MODEL)
     _check_fused_kernels(cfg)
     _strategy(cfg, f"{ACTOR}.strategy")

@@ -34,6 +34,7 @@ from rlflow.engine.ppo_loop import (
     split_micro_batches,
 )
 from rlflow.models.forward import forward_micro_batch, reads_shared_prompts
+from rlflow.models.router_replay import ROUTED_EXPERTS, RouterReplay
 from rlflow.protocol import DataProto
 from rlflow.utils.torch_functional import masked_mean
 
@@ -72,6 +73,10 @@ class DataParallelPPOActor:
             kernels (``use_torch_compile`` of the role, resolved: `rlflow.utils.logit_blocks`).
         router_top_k: a mixture-of-experts model's experts per token, when ``moe_aux_loss_coef`` or
             ``moe_z_loss_coef`` is set: the update adds those router losses (`rlflow.algos.moe`).
+        router_replay: a mixture-of-experts actor's routing replay (``actor.router_replay.mode``,
+            `rlflow.models.router_replay`): ``"R2"``: `compute_log_prob` records the routing (read it from
+            ``last_routing``) and the update's forwards replay the batch's ``routed_experts``; ``"R3"``: both
+            replay the rollout's. ``"disabled"``: live routing.
     """
 
     def __init__(
@@ -91,6 +96,7 @@ class DataParallelPPOActor:
         reinforce: RolloutCorrectionConfig | None = None,
         torch_compile: bool = False,
         router_top_k: int | None = None,
+        router_replay: str = "disabled",
     ) -> None:
         if not temperature > 0:
             raise ValueError(f"DataParallelPPOActor: temperature must be > 0, got {temperature}")
@@ -106,13 +112,18 @@ class DataParallelPPOActor:
             bool(share_prompts)
             and self.use_remove_padding
             and router_top_k is None
+            and router_replay == "disabled"
             and reads_shared_prompts(actor_module)
         )
         self.dp_group, self.sp_group, self.sync_group = dp_group, sp_group, sync_group
         self.reinforce = reinforce
         self.torch_compile = bool(torch_compile)
         self.router_top_k = router_top_k
+        self.router_replay = str(router_replay)
+        self._replay = RouterReplay.of(actor_module) if self.router_replay != "disabled" else None
+        self.last_routing: torch.Tensor | None = None  # R2: the routing compute_log_prob recorded
         self._router_losses: tuple[Any, Any] = (None, None)  # of the last training forward
+        self._recorded_routing: torch.Tensor | None = None  # of the last forward, routing="record"
         self._mini_batch_seed = 0  # KL-Cov / Clip-Cov: seeds the draw of the current mini-batch
         self.skipped_steps = 0
 
@@ -143,9 +154,28 @@ class DataParallelPPOActor:
             compiled=self.torch_compile,
             router_top_k=self.router_top_k if self.actor_module.training else None,  # the update's forwards
             share_prompts=self.share_prompts,
+            routing=self._routing_action(micro_batch),
         )
         self._router_losses = (out.get("moe_aux_loss"), out.get("moe_z_loss"))
+        self._recorded_routing = out.get(ROUTED_EXPERTS)
         return out.get("entropy"), out["log_probs"]
+
+    def _routing_action(self, micro_batch: Any) -> str | None:
+        """What the forward does with the routers: the update's forwards replay the batch's routing (R2
+        without an old-log-prob pass has none: its forwards are the old policy's); `compute_log_prob`
+        records it (R2) or replays the rollout's (R3)."""
+        if self.router_replay == "disabled":
+            return None
+        if not self.actor_module.training and self.router_replay == "R2":
+            return "record"
+        if ROUTED_EXPERTS in micro_batch.keys():
+            return "replay"
+        if self.router_replay == "R3":
+            raise ValueError(
+                f"actor.router_replay.mode=R3 needs the rollout's {ROUTED_EXPERTS!r} in the batch "
+                "(actor_rollout_ref.rollout.enable_rollout_routing_replay=true)"
+            )
+        return None
 
     def _policy_loss(self) -> PolicyLossCall:
         """The configured ``policy_loss.loss_mode``, callable in either of verl's conventions (built once)."""
@@ -178,9 +208,14 @@ class DataParallelPPOActor:
             mask (entropy None unless asked for).
         """
         self.actor_module.eval()
-        batch = data.batch.select(*[k for k in FORWARD_KEYS if k in data.batch.keys()])
+        batch = data.batch.select(*[k for k in (*FORWARD_KEYS, ROUTED_EXPERTS) if k in data.batch.keys()])
         micro = split_micro_batches(batch, self.log_prob, self.sync_group, self.share_prompts)
-        outs = [self._forward_micro_batch(mb, self.temperature, calculate_entropy) for mb in micro.batches]
+        outs, routing = [], []
+        for mb in micro.batches:
+            outs.append(self._forward_micro_batch(mb, self.temperature, calculate_entropy))
+            routing.append(self._recorded_routing)
+        self._stop_replay()
+        self.last_routing = micro.restore(routing) if self.router_replay == "R2" else None
         mask = response_mask_of(data)
         log_probs = micro.restore([lp for _, lp in outs]) * mask
         entropy = micro.restore([ent for ent, _ in outs]) * mask if calculate_entropy else None
@@ -243,17 +278,38 @@ class DataParallelPPOActor:
                 )
             keys.append("rollout_log_probs")
         keys += [k for k in ("rollout_is_weights", "rollout_rs_mask") if k in data.batch.keys()]
+        if self.router_replay != "disabled":
+            keys.append(ROUTED_EXPERTS)
         data = select_update_batch(data, keys)
         if "rollout_rs_mask" in data.batch.keys():  # algorithm.rollout_correction's rejection
             data.batch["response_mask"] = data.batch["response_mask"] * data.batch.pop("rollout_rs_mask")
         self._mini_batch_seed = (self.update.seed + step) * 1_000_003
-        metrics, skipped = run_update(
-            data, self.update, step, self._accumulate_mini_batch, self._optimizer_step, self.dp_group, "actor"
-        )
+        try:
+            metrics, skipped = run_update(
+                data,
+                self.update,
+                step,
+                self._accumulate_mini_batch,
+                self._optimizer_step,
+                self.dp_group,
+                "actor",
+            )
+        finally:
+            mismatch = self._stop_replay()
+        if mismatch is not None and mismatch[1]:
+            metrics["actor/router_replay_mismatch"] = mismatch[0] / mismatch[1]
         self.skipped_steps += skipped
         if self.config.use_kl_loss:
             metrics["actor/kl_coef"] = float(self.config.kl_loss_coef)  # verl's name for the KL-loss weight
         return metrics
+
+    def _stop_replay(self) -> tuple[int, int] | None:
+        """Routers back to live routing; ``(mismatched, replayed)`` token-layer choices of the pass (None
+        without routing replay)."""
+        if self._replay is None:
+            return None
+        self._replay.stop()
+        return self._replay.take_mismatch()
 
     def _accumulate_mini_batch(self, mini: DataProto, acc: MetricAccumulator) -> None:
         cfg = self.config

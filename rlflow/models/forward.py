@@ -37,6 +37,7 @@ from rlflow.algos.moe import router_losses
 from rlflow.models.attention import PACKED_ATTENTION, PACKED_ATTENTION_ALIASES  # registers "rlflow_packed"
 from rlflow.models.fused_head import fused_head_of
 from rlflow.models.padding import gather_response_outputs, pad_input, unpad_micro_batch, unpad_shared_prompts
+from rlflow.models.router_replay import ROUTED_EXPERTS, RouterReplay, routing_to_tokens, tokens_to_routing
 from rlflow.parallel.ulysses import (
     gather_outputs_and_unpad,
     get_ulysses_sequence_parallel_rank,
@@ -58,6 +59,7 @@ __all__ = [
 MicroBatch = Mapping[str, torch.Tensor] | TensorDictBase
 
 OUTPUT_KINDS = ("log_probs", "values", "scores")
+ROUTING_ACTIONS = (None, "record", "replay")
 # attention implementations that keep packed sequences apart with use_cache=False and attention_mask=None
 PACKED_ATTN_IMPLEMENTATIONS = (
     PACKED_ATTENTION,
@@ -178,6 +180,47 @@ def _router_outputs(
     return {"moe_aux_loss": aux, "moe_z_loss": z}
 
 
+@contextlib.contextmanager
+def _routing(
+    module: torch.nn.Module, mb: MicroBatch, action: str | None, packed: Any, sliced: tuple | None = None
+) -> Any:
+    """Routing replay around one forward (`rlflow.models.router_replay`). ``"replay"``: the micro-batch's
+    ``routed_experts`` in the forward's token order (packed, then this SP rank's slice), left set for the
+    backward; ``"record"``: yields ``{"routed_experts": (bs, seqlen, layers, top_k)}``, filled when the
+    forward returns. ``packed``: the packing (None: the padded forward); ``sliced``: ``(sp_group,
+    sp_size, pad)`` under Ulysses SP."""
+    if action is None:
+        yield {}
+        return
+    if action not in ROUTING_ACTIONS:
+        raise ValueError(f"routing must be one of {ROUTING_ACTIONS}, got {action!r}")
+    replay = RouterReplay.of(module)
+    bs, seqlen = mb["input_ids"].shape
+    indices = None if packed is None else packed.indices
+    if action == "replay":
+        if ROUTED_EXPERTS not in mb.keys():
+            raise ValueError(f"routing replay needs the batch's {ROUTED_EXPERTS!r} (recorded routing)")
+        targets = routing_to_tokens(mb[ROUTED_EXPERTS], indices)
+        if sliced is not None:  # this rank's slice; the SP padding (filled with 0 + -1 = -1) stays live
+            group, sp_size, _ = sliced
+            rank = get_ulysses_sequence_parallel_rank(group)
+            targets = ulysses_pad_and_slice_inputs((targets + 1).unsqueeze(0), None, sp_size, rank)[0][0] - 1
+        replay.replay(targets)
+        yield {}
+        return
+    recorded: dict[str, torch.Tensor] = {}
+    with replay.record():
+        yield recorded
+        tokens = replay.pop_forward()
+    if sliced is not None:
+        group, _, pad = sliced
+        tokens = gather_outputs_and_unpad(
+            tokens.int(), gather_dim=0, unpad_dim=0, padding_size=pad, group=group
+        )
+    mask = mb["attention_mask"] if packed is None else None
+    recorded[ROUTED_EXPERTS] = tokens_to_routing(tokens, bs, seqlen, indices, mask)
+
+
 def _padded_forward(
     module: torch.nn.Module,
     mb: MicroBatch,
@@ -186,6 +229,7 @@ def _padded_forward(
     calculate_entropy: bool,
     compiled: bool = False,
     router_top_k: int | None = None,
+    routing: str | None = None,
 ) -> dict[str, torch.Tensor]:
     """Forward on the padded (bs, seqlen) batch with its 2-D attention mask."""
     fused = fused_head_of(module) if output == "log_probs" else None
@@ -195,7 +239,7 @@ def _padded_forward(
         labels = torch.zeros_like(mb["input_ids"])
         labels[:, -response_len - 1 : -1] = mb["responses"]
         request = fused.request(labels, temperature)
-    with request:
+    with request, _routing(module, mb, routing, None) as recorded:
         outputs = module(
             input_ids=mb["input_ids"],
             attention_mask=mb["attention_mask"],
@@ -203,7 +247,7 @@ def _padded_forward(
             use_cache=False,
             **_router_kwargs(router_top_k),
         )
-    router = _router_outputs(outputs, router_top_k, mb["attention_mask"])
+    router = {**_router_outputs(outputs, router_top_k, mb["attention_mask"]), **recorded}
     head = _token_head(outputs, output)
     if fused is not None:
         head = head[:, -response_len - 1 : -1]
@@ -232,14 +276,16 @@ def _packed_token_outputs(
     compiled: bool = False,
     router_top_k: int | None = None,
     share_prompts: bool = False,
+    routing: str | None = None,
 ) -> tuple[dict[str, torch.Tensor], Any, dict[str, torch.Tensor]]:
     """Per-token outputs ``(total_tokens,)`` of the packed (and SP-sliced, then gathered) forward, and its
     router losses (when ``router_top_k`` is set; every packed token is a valid one). ``share_prompts``:
     rows with the same prompt are packed with the prompt once (`unpad_shared_prompts`) when the model's
     attention reads such rows (``"rlflow_packed"``); router losses are means over the packed tokens, so
-    they keep the plain packing."""
+    they keep the plain packing, as does routing replay."""
     packed = None
-    if share_prompts and router_top_k is None and output != "scores" and reads_shared_prompts(module):
+    plain = router_top_k is not None or routing is not None or output == "scores"
+    if share_prompts and not plain and reads_shared_prompts(module):
         packed = unpad_shared_prompts(
             mb["input_ids"], mb["attention_mask"], mb["position_ids"], mb["responses"].shape[1]
         )
@@ -253,7 +299,12 @@ def _packed_token_outputs(
         labels, _, _ = ulysses_pad_and_slice_inputs(labels, None, sp_size, sp_rank)
     fused = fused_head_of(module) if output == "log_probs" else None
     request = fused.request(labels, temperature) if fused is not None else contextlib.nullcontext()
-    with ulysses_group(sp_group if sp_size > 1 else None), request:
+    sliced = (sp_group, sp_size, pad) if sp_size > 1 else None
+    with (
+        ulysses_group(sp_group if sp_size > 1 else None),
+        request,
+        _routing(module, mb, routing, packed, sliced) as recorded,
+    ):
         outputs = module(
             input_ids=ids,
             attention_mask=None,
@@ -262,7 +313,7 @@ def _packed_token_outputs(
             **_router_kwargs(router_top_k),
         )
         head = _token_head(outputs, output)[0]
-    router = _router_outputs(outputs, router_top_k, None)
+    router = {**_router_outputs(outputs, router_top_k, None), **recorded}
     if fused is not None:
         local = _fused_outputs(head, calculate_entropy)
     elif output == "log_probs":
@@ -291,6 +342,7 @@ def forward_micro_batch(
     compiled: bool = False,
     router_top_k: int | None = None,
     share_prompts: bool = False,
+    routing: str | None = None,
 ) -> dict[str, torch.Tensor]:
     """Run ``module`` on one padded micro-batch and return response-aligned outputs.
 
@@ -314,12 +366,19 @@ def forward_micro_batch(
         share_prompts: with ``use_remove_padding``, rows that share their prompt (the ``n`` samples of a
             prompt) are packed with one copy of it (`rlflow.models.padding.unpad_shared_prompts`): the
             prompt's forward and backward run once per group. The same outputs (to float rounding); used
-            with ``"rlflow_packed"`` attention for ``"log_probs"`` and ``"values"`` without router losses.
+            with ``"rlflow_packed"`` attention for ``"log_probs"`` and ``"values"`` without router losses
+            and without routing replay.
+        routing: a mixture-of-experts model's routing replay (`rlflow.models.router_replay`):
+            ``"record"`` returns the routers' choice as ``routed_experts`` ``(bs, seqlen, moe_layers,
+            top_k)`` int16 (-1 off the valid tokens); ``"replay"`` routes through the micro-batch's
+            ``routed_experts`` (kept set for the backward until the model's `RouterReplay` is stopped or
+            given the next targets); None = live routing.
 
     Returns:
         ``{"log_probs": (bs, response_len)[, "entropy": (bs, response_len)]}``, ``{"values": (bs,
         response_len)}`` or ``{"scores": (bs,)}``; float32 or wider, differentiable; with
-        ``router_top_k`` also the scalars ``moe_aux_loss`` and ``moe_z_loss``.
+        ``router_top_k`` also the scalars ``moe_aux_loss`` and ``moe_z_loss``; with ``routing="record"``
+        also ``routed_experts``.
     """
     _check_inputs(micro_batch, output, temperature)
     sp_size = get_ulysses_sequence_parallel_world_size(sp_group)
@@ -332,7 +391,7 @@ def forward_micro_batch(
         )
     if not use_remove_padding:
         return _padded_forward(
-            module, micro_batch, output, temperature, calculate_entropy, compiled, router_top_k
+            module, micro_batch, output, temperature, calculate_entropy, compiled, router_top_k, routing
         )
     _check_attn_implementation(module, sp_size)
     tokens, packed, router = _packed_token_outputs(
@@ -345,6 +404,7 @@ def forward_micro_batch(
         compiled,
         router_top_k,
         share_prompts,
+        routing,
     )
     bs, seqlen = packed.batch_size, packed.seqlen
     if output == "scores":

@@ -181,6 +181,7 @@ def build_rollout_output(
     eos_token_ids: Sequence[int],
     rollout_log_probs: torch.Tensor | None = None,
     rollout_entropy: torch.Tensor | None = None,
+    routed_experts: torch.Tensor | None = None,
 ) -> DataProto:
     """Assemble the verl-format rollout output from (already ``n``-repeated) prompts and responses.
 
@@ -192,6 +193,9 @@ def build_rollout_output(
         rollout_log_probs: optional ``(bs*n, response_length)`` log-probs; zeroed where the mask is 0.
         rollout_entropy: optional ``(bs*n, response_length)`` entropies of the sampling distributions
             (full, at the log-prob temperature); zeroed where the mask is 0.
+        routed_experts: optional ``(bs*n, prompt_len + response_length, moe_layers, top_k)`` experts each
+            token went through (`rlflow.models.router_replay`, -1 = not recorded); -1 wherever the attention
+            mask is 0.
 
     Returns:
         DataProto with ``prompts``, ``responses``, ``input_ids``, ``attention_mask``, ``position_ids``,
@@ -220,6 +224,13 @@ def build_rollout_output(
         tensors["rollout_log_probs"] = torch.where(response_mask.bool(), rollout_log_probs, 0.0)
     if rollout_entropy is not None:
         tensors["rollout_entropy"] = torch.where(response_mask.bool(), rollout_entropy, 0.0)
+    if routed_experts is not None:
+        expected = (*tensors["input_ids"].shape, *routed_experts.shape[2:])
+        if tuple(routed_experts.shape) != expected:
+            raise ValueError(f"routed_experts has shape {tuple(routed_experts.shape)}, expected {expected}")
+        tensors["routed_experts"] = routed_experts.masked_fill(
+            ~tensors["attention_mask"].bool()[..., None, None], -1
+        )
     return DataProto.from_dict(
         tensors=tensors, non_tensors=dict(prompts.non_tensor_batch), meta_info=dict(prompts.meta_info)
     )

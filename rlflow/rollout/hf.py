@@ -10,7 +10,7 @@ How one ``generate_sequences`` call runs:
    runs on the replica with no collectives, so ranks with different prompts, micro-batch counts and
    stopping times never wait for each other. ``free_cache_engine`` drops the replica after the call
    (True) or keeps its memory for the next one (False).
-2. **Decoding.** Our own loop over a ``DynamicCache``: one prefill forward over the (left-padded,
+2. **Decoding** (`rlflow.rollout.decoding.decode`). Our own loop over a KV cache: one prefill forward over the (left-padded,
    common-padding-trimmed) prompts, then one forward per new token. Finished rows emit the pad id.
    The ``n`` samples of a prompt share its prefill (one forward per prompt, then its KV cache is
    repeated) whenever a micro-batch holds whole groups of ``n``. On the CPU, for Qwen2 / Llama / Mistral /
@@ -33,7 +33,7 @@ import contextlib
 import copy
 import itertools
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,179 +46,30 @@ from torch.distributed.tensor import DTensor
 from rlflow.models.attention import GENERATION_ATTENTION
 from rlflow.models.cpu_linear import install_onednn_linear, uses_onednn_linear
 from rlflow.models.lora import LoRALinear, merge_lora_weights
+from rlflow.models.router_replay import RouterReplay
 from rlflow.parallel.distributed import get_rank
 from rlflow.parallel.weight_buckets import MIB
 from rlflow.protocol import DataProto
 from rlflow.rollout.base import (
     ROLLOUT_KEY,
     BaseRollout,
-    SamplingParams,
     build_rollout_output,
     normalize_token_ids,
     resolve_sampling_params,
     warn_unread_engine_kwargs,
 )
-from rlflow.rollout.fast_decode import FastDecoder, fast_decoder_for
-from rlflow.rollout.kv_cache import PreallocatedCache, supports_preallocated_cache
-from rlflow.rollout.sampling import row_keys, sample_next_token
+from rlflow.rollout.decoding import DecodeRouting, decode
+from rlflow.rollout.fast_decode import fast_decoder_for
+from rlflow.rollout.sampling import row_keys
 from rlflow.rollout.weights import full_weights
 from rlflow.utils.dtypes import to_torch_dtype
 
 if TYPE_CHECKING:
     from rlflow.config.schema import RolloutSection
 
-__all__ = ["HFRollout", "build_generation_replica", "decode", "sync_replica_weights"]
+__all__ = ["HFRollout", "build_generation_replica", "sync_replica_weights"]
 
 _ATTN_FOR_REPLICA = ("eager", "flash_attention_2", "flash_attention_3")
-
-# ------------------------------------------------------------------------------------- decoding
-
-
-def _trim_left_padding(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Drop the padding columns that every row of a left-padded batch shares."""
-    leading = (attention_mask.cumsum(dim=-1) == 0).sum(dim=-1)
-    if bool((leading == attention_mask.shape[-1]).any()):
-        row = int((leading == attention_mask.shape[-1]).nonzero()[0])
-        raise ValueError(
-            f"prompt row {row} has an all-zero attention_mask (an empty prompt cannot be continued)"
-        )
-    start = int(leading.min())
-    return input_ids[:, start:], attention_mask[:, start:], position_ids[..., start:]
-
-
-def _drop_finished_rows(finished: torch.Tensor, cache: Any, *tensors: torch.Tensor) -> list[torch.Tensor]:
-    """Keep only unfinished rows: of the KV cache (in place) and of each tensor (returned, same order)."""
-    keep = (~finished).nonzero().squeeze(-1)
-    cache.batch_select_indices(keep)
-    return [t[keep] for t in tensors]
-
-
-@torch.no_grad()
-def decode(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    position_ids: torch.Tensor,
-    params: SamplingParams,
-    keys: torch.Tensor,
-    eos_token_ids: Sequence[int],
-    pad_token_id: int,
-    repeats: int = 1,
-    fast: bool | FastDecoder = True,
-    entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Generate up to ``params.response_length`` tokens for one micro-batch with the KV cache (allocated
-    once, `rlflow.rollout.kv_cache.PreallocatedCache`, for full-attention decoders).
-
-    With ``repeats > 1`` each prompt row stands for ``repeats`` consecutive output rows (``n`` samples per
-    prompt, as ``DataProto.repeat(n, interleave=True)`` lays them out). The prompt is then run through the
-    model once and its KV cache and last logits are repeated, instead of prefilling ``repeats`` identical
-    copies: the prefill costs ``1 / repeats`` of its FLOPs (the samples draw with their own ``keys`` from the
-    first token on). A cache that cannot be repeated in place (not a `PreallocatedCache`) gets repeated
-    prompts, i.e. the plain path.
-
-    A row that produces an EOS leaves the batch (its KV-cache rows are dropped), so later steps cost
-    only what the unfinished rows need; its remaining tokens are the pad id. Decoding stops when every
-    row has finished or after ``response_length`` tokens. ``params.ignore_eos``: no row finishes early;
-    ``params.min_tokens``: the EOS ids are not sampled before that many tokens.
-
-    Args:
-        model: an HF causal LM (unsharded) on the device of the inputs.
-        input_ids: ``(rows, prompt_len)`` left-padded prompt ids.
-        attention_mask: ``(rows, prompt_len)`` 1 on prompt tokens.
-        position_ids: ``(rows, prompt_len)`` positions (0 at each row's first real token).
-        params: sampling parameters.
-        keys: ``(rows * repeats,)`` sampling keys of the output rows.
-        eos_token_ids: ids that end a response (may be empty: always full length).
-        pad_token_id: id written after a row's EOS.
-        repeats: output rows per prompt row (consecutive).
-        fast: the decoding steps after the prefill run through a `FastDecoder` (this one, or one built for
-            the call when True and the architecture has one); False = transformers' forward every step.
-        entropy: also return the entropy of each step's full distribution at the log-prob temperature
-            (what the trainer's ``compute_log_prob`` reports as ``actor/entropy``).
-
-    Returns:
-        ``responses``: ``(rows * repeats, steps)`` int64, ``log_probs``: ``(rows * repeats, steps)``
-        float32 (0 after EOS), with ``steps <= params.response_length`` the number of decoding steps run,
-        and the entropies (same shape and zeros; None unless ``entropy``).
-    """
-    if repeats < 1:
-        raise ValueError(f"decode: repeats={repeats} must be >= 1")
-    input_ids, attention_mask, position_ids = _trim_left_padding(input_ids, attention_mask, position_ids)
-    config = getattr(model, "config", None)
-    shared_prefill = config is not None and supports_preallocated_cache(config)
-    if repeats > 1 and not shared_prefill:
-        input_ids, attention_mask, position_ids = (
-            t.repeat_interleave(repeats, dim=0) for t in (input_ids, attention_mask, position_ids)
-        )
-        repeats = 1
-    rows, length, device = input_ids.shape[0] * repeats, params.response_length, input_ids.device
-    if keys.shape[0] != rows:
-        raise ValueError(f"decode: {keys.shape[0]} sampling keys for {rows} output rows")
-    responses = torch.full((rows, length), pad_token_id, dtype=torch.int64, device=device)
-    log_probs = torch.zeros((rows, length), dtype=torch.float32, device=device)
-    entropies = torch.zeros((rows, length), dtype=torch.float32, device=device) if entropy else None
-    eos = torch.tensor(list(eos_token_ids), dtype=torch.int64, device=device)
-    stop = eos[:0] if params.ignore_eos else eos
-    active = torch.arange(rows, device=device)  # original row of each row still decoding
-    cache = (
-        PreallocatedCache(config.get_text_config(decoder=True).num_hidden_layers, input_ids.shape[1] + length)
-        if shared_prefill
-        else None
-    )
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    cache, position, logits = out.past_key_values, position_ids[..., -1:], out.logits[:, -1, :]
-    if fast is True:
-        fast = fast_decoder_for(model) if isinstance(cache, PreallocatedCache) else None
-    fast_step = fast.step if isinstance(fast, FastDecoder) and isinstance(cache, PreallocatedCache) else None
-    if repeats > 1:
-        cache.batch_repeat_interleave(repeats)
-        logits, attention_mask, position = (
-            t.repeat_interleave(repeats, dim=0) for t in (logits, attention_mask, position)
-        )
-    for t in range(length):
-        banned = eos if t < params.min_tokens else None
-        token, log_prob, token_entropy = sample_next_token(logits.float(), params, keys, t, banned, entropy)
-        responses[active, t] = token
-        log_probs[active, t] = log_prob
-        if entropies is not None:
-            entropies[active, t] = token_entropy
-        finished = torch.isin(token, stop)
-        if t + 1 == length or bool(finished.all()):
-            return (
-                responses[:, : t + 1],
-                log_probs[:, : t + 1],
-                None if entropies is None else entropies[:, : t + 1],
-            )
-        if bool(finished.any()):
-            active, token, keys, attention_mask, position = _drop_finished_rows(
-                finished, cache, active, token, keys, attention_mask, position
-            )
-        attention_mask = torch.cat(
-            [attention_mask, attention_mask.new_ones(attention_mask.shape[0], 1)], dim=-1
-        )
-        position = position + 1
-        if fast_step is not None:
-            logits = fast_step(token, position, attention_mask, cache)
-            continue
-        out = model(
-            input_ids=token.unsqueeze(-1),
-            attention_mask=attention_mask,
-            position_ids=position,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        cache, logits = out.past_key_values, out.logits[:, -1, :]
-    return responses, log_probs, entropies  # only reached when response_length == 0 (rejected by the config)
 
 
 def _pad_right(x: torch.Tensor, length: int, value: float) -> torch.Tensor:
@@ -515,13 +366,15 @@ class HFRollout(BaseRollout):
         # the n samples of a prompt share one prefill when a micro-batch holds whole groups of them
         repeats = params.n if params.n > 1 and step % params.n == 0 else 1
         source = prompts if repeats > 1 else batch
-        responses, log_probs, entropies = [], [], []
+        responses, log_probs, entropies, routed = [], [], [], []
         with self.generation_model() as model:
             device = next(model.parameters()).device
             fast = fast_decoder_for(model) or False  # the fused projections, once per call
+            replay = RouterReplay.of(model) if self.config.enable_rollout_routing_replay else None
             for start in range(0, rows, step):
                 first_prompt = start // repeats
                 part = source.batch[first_prompt : first_prompt + step // repeats].to(device)
+                routing = DecodeRouting(replay) if replay is not None else None
                 tokens, lps, ents = decode(
                     model,
                     part["input_ids"],
@@ -534,7 +387,10 @@ class HFRollout(BaseRollout):
                     repeats=repeats,
                     fast=fast,
                     entropy=want_entropy,
+                    routing=routing,
                 )
+                if routing is not None:
+                    routed.append(routing.routed)
                 responses.append(_pad_right(tokens, params.response_length, pad))
                 log_probs.append(_pad_right(lps, params.response_length, 0.0))
                 if ents is not None:
@@ -544,5 +400,10 @@ class HFRollout(BaseRollout):
         log_probs_t = torch.cat(log_probs).to(out_device) if want_log_probs else None
         entropy_t = torch.cat(entropies).to(out_device) if want_entropy else None
         return build_rollout_output(
-            batch, responses_t, [] if params.ignore_eos else eos, log_probs_t, rollout_entropy=entropy_t
+            batch,
+            responses_t,
+            [] if params.ignore_eos else eos,
+            log_probs_t,
+            rollout_entropy=entropy_t,
+            routed_experts=torch.cat(routed).to(out_device) if routed else None,
         )

@@ -23,6 +23,10 @@ How it works, and the choices that keep it consistent with the trainer:
   report the truncated, renormalised distribution). Greedy decoding (``temperature = 0``) reports
   ``log_softmax(logits)``, the trainer's temperature-1 convention.
 * **dtype.** ``rollout.dtype`` (or the actor's ``param_dtype``) is mapped to vLLM's dtype names.
+* **Routing** (``enable_rollout_routing_replay``, a mixture-of-experts actor): the engine runs with
+  ``enable_return_routed_experts`` and each completion's ``routed_experts`` (the experts of its prompt and
+  generated tokens, in order) is laid out as the batch's ``routed_experts``
+  (`rlflow.models.router_replay.place_prompt_routing`); a vLLM that returns none is an error.
 * **Sampling.** The same config keys as the HF rollout (`to_vllm_sampling_kwargs`), one vLLM seed per
   row from the same global-row keys as ``hf.py``; the output has the HF rollout's format
   (`rlflow.rollout.base.build_rollout_output`).
@@ -38,6 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlflow.models.router_replay import moe_routers, place_prompt_routing
 from rlflow.parallel.distributed import get_rank
 from rlflow.parallel.weight_buckets import MIB
 from rlflow.protocol import DataProto
@@ -109,6 +114,7 @@ def vllm_engine_kwargs(
         "skip_tokenizer_init": True,
         "logprobs_mode": "processed_logprobs",
         "seed": config.seed,
+        **({"enable_return_routed_experts": True} if config.enable_rollout_routing_replay else {}),
         **dict(config.engine_kwargs.vllm),  # validated: none of the keys above (rlflow.config.rollout_checks)
     }
 
@@ -182,6 +188,12 @@ class VLLMRollout(BaseRollout):
         self.dp_rank = get_rank() if dp_rank is None else dp_rank
         os.environ[IN_PROCESS_ENV] = "0"  # the engine's model in this process: weights load directly
         warn_unread_engine_kwargs(config, "vllm")
+        routers = moe_routers(module) if config.enable_rollout_routing_replay else []
+        self._routing = (len(routers), int(routers[0].top_k)) if routers else None
+        if config.enable_rollout_routing_replay and self._routing is None:
+            raise ValueError(
+                "actor_rollout_ref.rollout.enable_rollout_routing_replay needs a mixture-of-experts actor"
+            )
         self.engine = vllm.LLM(**vllm_engine_kwargs(config, model_path, compute_dtype))
         self._num_calls = 0
         if config.free_cache_engine:
@@ -250,6 +262,26 @@ class VLLMRollout(BaseRollout):
                 values = [lp[tok].logprob for lp, tok in zip(completion.logprobs, tokens)]
                 log_probs[i, : len(values)] = torch.tensor(values)
         responses, log_probs = responses.to(ids.device), log_probs.to(ids.device)
+        routed = self._routed_experts(outputs, mask, params.response_length) if self._routing else None
         return build_rollout_output(
-            batch, responses, [] if params.ignore_eos else eos, log_probs if logprobs else None
+            batch,
+            responses,
+            [] if params.ignore_eos else eos,
+            log_probs if logprobs else None,
+            routed_experts=None if routed is None else routed.to(ids.device),
         )
+
+    def _routed_experts(
+        self, outputs: Sequence[Any], mask: torch.Tensor, response_length: int
+    ) -> torch.Tensor:
+        """The completions' ``routed_experts`` in the batch's layout (``enable_rollout_routing_replay``)."""
+        per_row = [getattr(out.outputs[0], "routed_experts", None) for out in outputs]
+        if any(r is None for r in per_row):
+            raise RuntimeError(
+                "actor_rollout_ref.rollout.enable_rollout_routing_replay: this vLLM returned no routed_experts "
+                "(it needs vLLM's enable_return_routed_experts, vLLM >= 0.22); use rollout.name=hf or "
+                "router_replay.mode=R2"
+            )
+        layers, top_k = self._routing
+        lengths = [int(m.sum()) for m in mask]
+        return place_prompt_routing(per_row, lengths, mask.shape[1], response_length, layers, top_k)

@@ -43,7 +43,7 @@ def prepare_config(cfg: DictConfig, build_warm_start: bool = True) -> DictConfig
     (and afterwards too with ``build_warm_start=False``: `rlflow.trainer.check_config`)."""
     from rlflow.config.architecture_checks import check_role_architectures
     from rlflow.config.global_sizes import convert_global_micro_batch_sizes, step_size_from_gen_batch_size
-    from rlflow.config.megatron_checks import check_router_losses
+    from rlflow.config.megatron_checks import check_router_losses, check_router_replay
     from rlflow.config.validate import need_critic
     from rlflow.data.tasks import ensure_task_files
     from rlflow.models.loader import load_model_config
@@ -73,6 +73,7 @@ def prepare_config(cfg: DictConfig, build_warm_start: bool = True) -> DictConfig
         cfg, num_attention_heads=hf.num_attention_heads, num_key_value_heads=hf.num_key_value_heads
     )
     check_router_losses(cfg, hf)
+    check_router_replay(cfg, hf)
     _check_chat_template(model)
     critic_on = need_critic(cfg)
     check_resume_adapters(cfg.trainer, check_role_architectures(cfg, critic=critic_on), critic=critic_on)

@@ -8,6 +8,7 @@ import torch
 
 from rlflow.engine.actor import DataParallelPPOActor
 from rlflow.engine.batching import actor_update_spec, log_prob_spec
+from rlflow.models.router_replay import ROUTED_EXPERTS
 from rlflow.parallel.fsdp import mixed_precision_dtypes
 from rlflow.parallel.weight_mixing import local_shards
 from rlflow.protocol import DataProto
@@ -79,6 +80,7 @@ class ActorRolloutWorker(RoleWorker):
             reinforce=correction if correction.use_policy_gradient else None,
             torch_compile=resolve_torch_compile(actor.use_torch_compile, self.device),
             router_top_k=_router_top_k(actor, self.module),
+            router_replay=str(actor.router_replay.mode),
             **self._groups(),
         )
         self.tokenizer = role_tokenizer(arr.model)
@@ -114,7 +116,10 @@ class ActorRolloutWorker(RoleWorker):
         if self.parallel.dims.dp_size > 1:
             torch.distributed.all_reduce(stats, group=self.parallel.dp_group)
         metrics["actor/entropy"] = float(stats[0] / stats[1].clamp(min=1))
-        return DataProto.from_dict(tensors={"old_log_probs": log_probs}, meta_info={"metrics": metrics})
+        tensors = {"old_log_probs": log_probs}
+        if self.actor.last_routing is not None:  # router_replay.mode=R2: what the update replays
+            tensors[ROUTED_EXPERTS] = self.actor.last_routing
+        return DataProto.from_dict(tensors=tensors, meta_info={"metrics": metrics})
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
     def update_actor(self, data: DataProto, adv: DataProto | None = None) -> DataProto:

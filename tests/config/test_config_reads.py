@@ -23,6 +23,8 @@ from rlflow.trainer.main_ppo import build_tracker, build_trainer
 from tests.tiny_reward_model import save_tiny_reward_model
 
 REFUSED = {
+    "actor_rollout_ref.actor.router_replay.record_file": "/tmp/routing.pt",
+    "actor_rollout_ref.actor.router_replay.replay_file": "/tmp/routing.pt",
     "reward_model.reward_manager": "batch",
     "reward_model.reward_kwargs.max_resp_len": 8,  # (appended with '+') the naive manager takes none
     "data.custom_options.cis": 1,  # (appended with '+') read by a custom dataset class, refused without one

@@ -137,6 +137,9 @@ def test_vllm_engine_kwargs_mapping():
         True,
         "processed_logprobs",
     )
+    assert "enable_return_routed_experts" not in kw  # older vLLMs do not know the argument
+    routed = vllm_engine_kwargs(rollout_config(enable_rollout_routing_replay=True), "/models/tiny")
+    assert routed["enable_return_routed_experts"] is True  # R3: each completion's experts
     assert vllm_dtype("fp32", torch.bfloat16) == "float32"  # rollout.dtype wins
     assert vllm_dtype(None, None) == "auto"
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.dtype"):

@@ -8,8 +8,8 @@ import torch
 
 from rlflow.models.attention import GENERATION_ATTENTION
 from rlflow.rollout.base import SamplingParams
+from rlflow.rollout.decoding import decode
 from rlflow.rollout.fast_decode import FastDecoder, Projection, fast_decoder_for, packed_projections_available
-from rlflow.rollout.hf import decode
 
 VOCAB = 64
 COMMON = dict(

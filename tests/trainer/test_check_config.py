@@ -106,3 +106,55 @@ def test_a_tiled_mlp_on_a_mixture_of_experts_model_fails_before_ray(tmp_path):
     assert summary(check_config([*overrides, "critic.model.tiled_mlp.enabled=true"], "demo")).startswith(
         "config OK: grpo"
     )  # no critic runs: its tiled MLP is not built
+
+
+def test_routing_replay_settings_are_checked_before_ray(tmp_path):
+    from tests.tiny_moe_model import save_tiny_moe_model
+
+    moe = save_tiny_moe_model(tmp_path / "moe")
+    base = [f"actor_rollout_ref.model.path={moe}", "algorithm.adv_estimator=grpo"]
+    key = "actor_rollout_ref.actor.router_replay"
+    r3 = [f"{key}.mode=R3", "actor_rollout_ref.rollout.enable_rollout_routing_replay=true"]
+    assert summary(check_config([*base, *r3], "demo")).startswith("config OK")
+    assert summary(check_config([*base, f"{key}.mode=R2"], "demo")).startswith("config OK")
+    refused = {
+        rf"^{key}\.mode='R4' is not one of": [f"{key}.mode=R4"],
+        r"mode=R3 with .*enable_rollout_routing_replay=false: R3 replays": [f"{key}.mode=R3"],
+        r"mode=disabled with .*enable_rollout_routing_replay=true": r3[1:],
+        rf"^{key}\.record_file: rlflow does not write": [*r3, f"{key}.record_file=/tmp/r.pt"],
+        r"mode=R2 records the routing in the old-log-prob pass": [
+            f"{key}.mode=R2",
+            "algorithm.rollout_correction.bypass_mode=true",
+            "actor_rollout_ref.rollout.calculate_log_probs=true",
+        ],
+        r"only the actor replays routing": ["actor_rollout_ref.ref.megatron.router_replay.mode=R2"],
+    }
+    for pattern, extra in refused.items():
+        with pytest.raises(ValueError, match=pattern):
+            check_config([*base, *extra], "demo")
+    with pytest.raises(ValueError, match=r"mode=R2: the actor's model \(Qwen2Config\) is not a mixture"):
+        check_config(["algorithm.adv_estimator=grpo", f"{key}.mode=R2"], "demo")
+    # verl's Megatron spelling is the actor's key; the reference's "disabled" is dropped
+    megatron = [
+        "actor_rollout_ref.actor.megatron.router_replay.mode=R3",
+        "actor_rollout_ref.ref.megatron.router_replay.mode=disabled",
+        "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
+    ]
+    assert check_config([*base, *megatron], "demo").actor_rollout_ref.actor.router_replay.mode == "R3"
+
+
+def test_r2_keeps_the_old_log_prob_pass_that_records_its_routing(tmp_path):
+    """bypass_mode=null would skip the pass (hf engine, fp32, two epochs): R2 needs it to record."""
+    from rlflow.config.correction_checks import resolve_bypass_mode
+    from tests.tiny_moe_model import save_tiny_moe_model
+
+    base = [
+        f"actor_rollout_ref.model.path={save_tiny_moe_model(tmp_path / 'moe')}",
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.ppo_epochs=2",
+    ]
+    assert resolve_bypass_mode(check_config(base, "demo"))[0] is True
+    bypass, why = resolve_bypass_mode(
+        check_config([*base, "actor_rollout_ref.actor.router_replay.mode=R2"], "demo")
+    )
+    assert bypass is False and "router_replay.mode=R2" in why

@@ -277,17 +277,33 @@ def test_megatron_ports_run_two_steps_on_fsdp2(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_session")
-def test_megatron_moe_port_runs_two_steps_with_its_router_losses(tmp_path, moe_model_dir):
+@pytest.mark.parametrize("replay", ["R3", "R2"])
+def test_megatron_moe_port_runs_two_steps_with_its_router_losses_and_routing_replay(
+    tmp_path, moe_model_dir, replay
+):
     """Qwen3-VL-30B-A3B's Megatron script on a tiny Qwen3-MoE: the router losses it sets (load balancing
-    0.01, z-loss 0.001) are in the actor's loss; tests/engine/test_router_losses.py checks their gradient."""
+    0.01, z-loss 0.001) are in the actor's loss (tests/engine/test_router_losses.py checks their gradient),
+    with the routing replay of verl's DeepSeek-V4 Megatron scripts (``megatron.router_replay.mode``) on its
+    two mini-batches, recomputation and dynamic micro-batches (tests/models/test_router_replay.py checks
+    what is replayed): R3 replays the rollout's routing, R2 the old-log-prob pass's."""
     overrides = _environment(GRPO_QWEN3_VL_30B_MEGATRON, "", moe_model_dir)
+    overrides += [
+        f"actor_rollout_ref.actor.megatron.router_replay.mode={replay}",
+        f"actor_rollout_ref.rollout.enable_rollout_routing_replay={replay == 'R3'}",
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+    ]
     cfg = load_config([*overrides, *_local(tmp_path)], config_name="ppo_megatron_trainer")
     actor = cfg.actor_rollout_ref.actor
     assert (actor.moe_aux_loss_coef, actor.moe_z_loss_coef) == (0.01, 0.001)
+    assert actor.router_replay.mode == replay
     for h in _steps(run_ppo(cfg)["history"]):
         # two MoE layers: each load-balancing term is 1 for an even router (2 here), at most E = 4
         assert 1.0 < h["actor/moe_aux_loss"] < 8.0 and h["actor/moe_z_loss"] > 0
         assert math.isfinite(h["actor/pg_loss"]) and math.isfinite(h["actor/grad_norm"])
+        # the old-log-prob pass reproduces the rollout's log-probs (fp32, same experts)
+        assert h["training/rollout_probs_diff_max"] < 1e-4
+        # the second mini-batch replays experts chosen before the first optimizer step
+        assert 0.0 <= h["actor/router_replay_mismatch"] < 0.5
 
 
 @pytest.mark.slow
