@@ -16,6 +16,7 @@ __all__ = [
     "at_least",
     "choice",
     "every_or_never",
+    "fixed_micro_size",
     "flag",
     "in_range",
     "kl_name",
@@ -65,6 +66,16 @@ def at_least(
     if value is not None and value < minimum:
         raise ValueError(f"{key}={value!r} must be >= {minimum}")
     return value
+
+
+def fixed_micro_size(cfg: DictConfig, micro_key: str, dynamic_key: str) -> int:
+    """The micro-batch size of fixed batching: null (verl's default) is refused naming both ways out."""
+    if value_at(cfg, micro_key) is None:
+        raise ValueError(
+            f"{micro_key}=None: fixed micro-batches need a size; set it (or verl's global form without "
+            f"_per_gpu), or {dynamic_key}=true for token-budget micro-batches"
+        )
+    return at_least(cfg, micro_key, 1)
 
 
 def positive(cfg: DictConfig, key: str, allow_none: bool = False) -> Any:

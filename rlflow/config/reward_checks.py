@@ -6,7 +6,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from rlflow.algos.pf_ppo import PF_PPO_METHODS
-from rlflow.config.checks import at_least, flag, number, positive, value_at
+from rlflow.config.checks import at_least, fixed_micro_size, flag, number, positive, value_at
 from rlflow.reward.dapo import OverlongBuffer
 from rlflow.reward.registry import (
     BUILTIN_REWARD_MANAGERS,
@@ -72,7 +72,7 @@ def check_reward_model(cfg: DictConfig) -> None:
             "own chat template): it needs the prompts' chat messages, set data.return_raw_chat=true"
         )
     if not flag(cfg, "reward_model.use_dynamic_bsz"):
-        at_least(cfg, "reward_model.micro_batch_size_per_gpu", 1)
+        fixed_micro_size(cfg, "reward_model.micro_batch_size_per_gpu", "reward_model.use_dynamic_bsz")
         return
     key = "reward_model.forward_max_token_len_per_gpu"
     budget = at_least(cfg, key, 1)

@@ -121,7 +121,7 @@ class RewardModelConfig:
     model: RewardModelPathConfig = field(default_factory=RewardModelPathConfig)
     use_reward_loop: bool = False
     inference: RewardModelInferenceConfig = field(default_factory=RewardModelInferenceConfig)
-    micro_batch_size_per_gpu: int = 16
+    micro_batch_size_per_gpu: int | None = 16
     micro_batch_size: int | None = None
     use_dynamic_bsz: bool = False
     forward_max_token_len_per_gpu: int = 32768

@@ -132,7 +132,7 @@ class RolloutSection:
     seed: int = 0
     calculate_log_probs: bool = False
     enable_rollout_routing_replay: bool = False
-    log_prob_micro_batch_size_per_gpu: int = 16
+    log_prob_micro_batch_size_per_gpu: int | None = 16
     log_prob_micro_batch_size: int | None = None
     log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
     log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")

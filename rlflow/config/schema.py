@@ -328,7 +328,7 @@ class ActorConfig:
 
     strategy: str = "fsdp2"
     ppo_mini_batch_size: int = 256
-    ppo_micro_batch_size_per_gpu: int = 8
+    ppo_micro_batch_size_per_gpu: int | None = 8
     ppo_micro_batch_size: int | None = None
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 16384
@@ -397,7 +397,7 @@ class RefConfig:
     """
 
     strategy: str = II("actor_rollout_ref.actor.strategy")
-    log_prob_micro_batch_size_per_gpu: int = 16
+    log_prob_micro_batch_size_per_gpu: int | None = 16
     log_prob_micro_batch_size: int | None = None
     log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
     log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
@@ -493,8 +493,8 @@ class CriticConfig:
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1.0e-5))
     ppo_mini_batch_size: int = II("actor_rollout_ref.actor.ppo_mini_batch_size")
-    ppo_micro_batch_size_per_gpu: int = 8
-    forward_micro_batch_size_per_gpu: int = II("critic.ppo_micro_batch_size_per_gpu")
+    ppo_micro_batch_size_per_gpu: int | None = 8
+    forward_micro_batch_size_per_gpu: int | None = II("critic.ppo_micro_batch_size_per_gpu")
     ppo_micro_batch_size: int | None = None
     forward_micro_batch_size: int | None = None
     use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")

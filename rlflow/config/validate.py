@@ -38,6 +38,7 @@ from rlflow.config.checks import (
     KL_ESTIMATORS,
     at_least,
     choice,
+    fixed_micro_size,
     flag,
     in_range,
     kl_name,
@@ -462,7 +463,7 @@ def _check_micro(cfg: DictConfig, dynamic_key: str, micro_key: str, budget_key: 
     if flag(cfg, dynamic_key):
         _check_token_budget(cfg, budget_key, sp)
     else:
-        at_least(cfg, micro_key, 1)
+        fixed_micro_size(cfg, micro_key, dynamic_key)
 
 
 def _check_ppo_batches(cfg: DictConfig, prefix: str, dp: int, sp: int) -> None:
@@ -487,7 +488,7 @@ def _check_ppo_batches(cfg: DictConfig, prefix: str, dp: int, sp: int) -> None:
         _check_token_budget(cfg, f"{prefix}.ppo_max_token_len_per_gpu", sp)
         return
     micro_key = f"{prefix}.ppo_micro_batch_size_per_gpu"
-    micro = at_least(cfg, micro_key, 1)
+    micro = fixed_micro_size(cfg, micro_key, f"{prefix}.use_dynamic_bsz")
     per_rank = mini * n // dp
     if micro < per_rank and per_rank % micro:  # a larger micro-batch just holds the whole mini-batch
         raise ValueError(

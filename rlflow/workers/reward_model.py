@@ -127,7 +127,7 @@ class RewardModelWorker(Worker):
         rm = self.config.reward_model
         spec = log_prob_spec(
             bool(rm.use_dynamic_bsz),
-            int(rm.micro_batch_size_per_gpu),
+            None if rm.micro_batch_size_per_gpu is None else int(rm.micro_batch_size_per_gpu),
             int(rm.forward_max_token_len_per_gpu),
             1,
         )

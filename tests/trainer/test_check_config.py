@@ -158,3 +158,39 @@ def test_r2_keeps_the_old_log_prob_pass_that_records_its_routing(tmp_path):
         check_config([*base, "actor_rollout_ref.actor.router_replay.mode=R2"], "demo")
     )
     assert bypass is False and "router_replay.mode=R2" in why
+
+
+def test_verls_null_micro_batch_sizes_go_with_dynamic_batching_and_are_named_without_it():
+    """verl's configs default every ``*micro_batch_size_per_gpu`` to null (dynamic batching or the
+    deprecated global size sets the micro-batches); a ported null must compose, and without either it
+    must name the key."""
+    keys = {
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "actor_rollout_ref.actor.use_dynamic_bsz",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "actor_rollout_ref.actor.use_dynamic_bsz",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": "actor_rollout_ref.actor.use_dynamic_bsz",
+        "critic.ppo_micro_batch_size_per_gpu": "critic.use_dynamic_bsz",
+        "critic.forward_micro_batch_size_per_gpu": "critic.use_dynamic_bsz",
+        "reward_model.micro_batch_size_per_gpu": "reward_model.use_dynamic_bsz",
+    }
+    base = ["algorithm.adv_estimator=gae", "reward_model.enable=false"]
+    for key, dynamic in keys.items():
+        assert summary(check_config([*base, f"{key}=null", f"{dynamic}=true"], "demo")).startswith(
+            "config OK"
+        )
+    fixed = [*base, "actor_rollout_ref.actor.use_dynamic_bsz=false", "critic.use_dynamic_bsz=false"]
+    for key in (
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        "critic.ppo_micro_batch_size_per_gpu",
+    ):
+        with pytest.raises(ValueError, match=rf"^{re.escape(key)}=None: fixed micro-batches need a size"):
+            check_config([*fixed, f"{key}=null"], "demo")
+    # verl's deprecated global size fills a null per-rank size (2 ranks: 8 -> 4)
+    cfg = check_config(
+        [
+            *fixed,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
+            "actor_rollout_ref.actor.ppo_micro_batch_size=8",
+        ],
+        "demo_two_ranks",
+    )
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 4

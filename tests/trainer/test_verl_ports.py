@@ -285,12 +285,18 @@ def test_megatron_moe_port_runs_two_steps_with_its_router_losses_and_routing_rep
     0.01, z-loss 0.001) are in the actor's loss (tests/engine/test_router_losses.py checks their gradient),
     with the routing replay of verl's DeepSeek-V4 Megatron scripts (``megatron.router_replay.mode``) on its
     two mini-batches, recomputation and dynamic micro-batches (tests/models/test_router_replay.py checks
-    what is replayed): R3 replays the rollout's routing, R2 the old-log-prob pass's."""
+    what is replayed): R3 replays the rollout's routing, R2 the old-log-prob pass's. The micro-batch sizes
+    are verl's null defaults (the token budgets size the micro-batches)."""
     overrides = _environment(GRPO_QWEN3_VL_30B_MEGATRON, "", moe_model_dir)
     overrides += [
         f"actor_rollout_ref.actor.megatron.router_replay.mode={replay}",
         f"actor_rollout_ref.rollout.enable_rollout_routing_replay={replay == 'R3'}",
         "actor_rollout_ref.rollout.calculate_log_probs=True",
+        # verl's null defaults, with the dynamic batching the script turns on for every pass
+        *(
+            f"actor_rollout_ref.{k}_micro_batch_size_per_gpu=null"
+            for k in ("actor.ppo", "rollout.log_prob", "ref.log_prob")
+        ),
     ]
     cfg = load_config([*overrides, *_local(tmp_path)], config_name="ppo_megatron_trainer")
     actor = cfg.actor_rollout_ref.actor
