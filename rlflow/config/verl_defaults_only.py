@@ -5,7 +5,9 @@ curriculum sampler, rollout tracing...), and ported command lines often spell th
 On the command line (`rlflow.config.aliases.rewrite_overrides`) such a key with its off value is logged
 and dropped; any other value is refused, naming the key, what the feature is and what to do instead.
 `INERT_ANY` keys only mean something beside a refused switch (``skip_dump_dir`` without
-``skip_rollout``), so any value of theirs is dropped.
+``skip_rollout``), so any value of theirs is dropped. `NULL_IS_UNSET` keys are rlflow's own, which verl's
+generated config writes as null where verl fills them in from elsewhere; their null is dropped (rlflow's
+default then means what verl's null means).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import logging
 
 from rlflow.config.override_syntax import note_once, unquote
 
-__all__ = ["DEFAULT_ONLY", "INERT_ANY", "drop_default_only"]
+__all__ = ["DEFAULT_ONLY", "INERT_ANY", "NULL_IS_UNSET", "drop_default_only"]
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +161,38 @@ INERT_ANY: dict[str, str] = {
 """verl key -> why any value of it changes nothing here."""
 
 
+_LEGACY_RM = (
+    "verl's legacy reward-model section, which its reward.reward_model.* replaced (rlflow reads either)"
+)
+NULL_IS_UNSET: dict[str, str] = {
+    "actor_rollout_ref.actor.optim.warmup_style": "the schedule is lr_scheduler_type's (null: constant)",
+    "critic.optim.warmup_style": "the schedule is lr_scheduler_type's (null: constant)",
+    "data.gen_batch_size": "prompts per generation round default to data.train_batch_size",
+    "data.seed": "the sampler's seed defaults to 1, verl's value for a null seed",
+    **{
+        f"reward_model.{key}": _LEGACY_RM
+        for key in (
+            "enable",
+            "reward_manager",
+            "num_workers",
+            "model.trust_remote_code",
+            *(
+                f"{section}.{name}"
+                for section in ("rollout", "inference")
+                for name in (
+                    "name",
+                    "gpu_memory_utilization",
+                    "tensor_model_parallel_size",
+                    "prompt_length",
+                    "response_length",
+                )
+            ),
+        )
+    },
+}
+"""verl key -> why its null (verl's "not set here") keeps rlflow's default."""
+
+
 def _normal(value: str) -> str:
     text = unquote(value).strip().lower()
     return "null" if text in ("none", "~", "") else text
@@ -166,13 +200,16 @@ def _normal(value: str) -> str:
 
 def drop_default_only(key: str, value: str) -> bool:
     """Whether an override of ``key`` to ``value`` is dropped here (logged once): a `DEFAULT_ONLY` key at
-    its off value or an `INERT_ANY` key; False for every other key.
+    its off value, an `INERT_ANY` key or a `NULL_IS_UNSET` key at null; False for every other key.
 
     Raises:
         ValueError: a `DEFAULT_ONLY` key at another value, naming the key and what to do.
     """
     if key in INERT_ANY:
         note_once(logger, key, "config key %s=%s changes nothing: %s", key, value, INERT_ANY[key])
+        return True
+    if key in NULL_IS_UNSET and _normal(value) == "null":
+        note_once(logger, key, "config key %s=null keeps rlflow's default: %s", key, NULL_IS_UNSET[key])
         return True
     if key not in DEFAULT_ONLY:
         return False

@@ -194,3 +194,32 @@ def test_verls_null_micro_batch_sizes_go_with_dynamic_batching_and_are_named_wit
         "demo_two_ranks",
     )
     assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 4
+
+
+def test_verls_null_placeholders_keep_rlflows_defaults():
+    """verl's generated config writes null for keys it fills in elsewhere (the legacy reward_model.* section,
+    which reward.* replaced; warmup_style, which lr_scheduler_type replaced; data.gen_batch_size and
+    data.seed, which default to the batch size and 1): a dumped config passed back must compose to the same
+    run as without them."""
+    nulls = [
+        "actor_rollout_ref.actor.optim.warmup_style",
+        "critic.optim.warmup_style",
+        "data.gen_batch_size",
+        "data.seed",
+        "reward_model.enable",
+        "reward_model.reward_manager",
+        "reward_model.num_workers",
+        "reward_model.model.trust_remote_code",
+        *(
+            f"reward_model.rollout.{k}"
+            for k in ("name", "gpu_memory_utilization", "tensor_model_parallel_size")
+        ),
+        *(f"reward_model.rollout.{k}" for k in ("prompt_length", "response_length")),
+    ]
+    base = ["algorithm.adv_estimator=gae", "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine"]
+    plain = check_config(base, "demo")
+    ported = check_config([*base, *(f"{key}=null" for key in nulls)], "demo")
+    assert ported == plain
+    assert ported.actor_rollout_ref.actor.optim.lr_scheduler_type == "cosine"
+    assert ported.data.seed == 1 and ported.data.gen_batch_size == ported.data.train_batch_size
+    assert check_config([*base, "data.seed=7"], "demo").data.seed == 7  # a value still counts
