@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 
 from rlflow.config.override_syntax import note_once, unquote
+from rlflow.config.verl_unsupported import QUANTIZED_ADVICE as _QUANTIZED
 
 __all__ = ["DEFAULT_ONLY", "INERT_ANY", "NULL_IS_UNSET", "drop_default_only"]
 
@@ -94,16 +95,10 @@ DEFAULT_ONLY: dict[str, tuple[tuple[str, ...], str]] = {
         "your own",
     ),
     **{
-        f"{section}.use_orig_params": (
-            ("true",),
-            "rlflow's FSDP1 always wraps with use_orig_params=True (LoRA and frozen parameters need it; "
-            "FSDP2 has no flat parameters): drop the key",
-        )
-        for section in (
-            "actor_rollout_ref.actor.fsdp_config",
-            "actor_rollout_ref.ref.fsdp_config",
-            "critic.fsdp_config",
-            "critic.model.fsdp_config",
+        key: (_NULL, _QUANTIZED)
+        for key in (
+            "actor_rollout_ref.rollout.quantization",
+            "actor_rollout_ref.rollout.quantization_config_file",
         )
     },
     "data.continuous_token.enable": (
@@ -152,6 +147,19 @@ INERT_ANY: dict[str, str] = {
             "separate_async.hybrid_rollout.enable_switch",
             "separate_async.hybrid_rollout.switch_threshold_ratio",
             "separate_async.hybrid_rollout.adaptive_switch_threshold",
+        )
+    },
+    **{
+        f"{section}.use_orig_params": (
+            "FSDP1's flat parameters (false, verl's default) and its original ones (true) give the same AdamW "
+            "updates (rlflow's weight decay is uniform); rlflow's FSDP1 always keeps the original parameters "
+            "(LoRA and frozen parameters need them) and FSDP2 has no flat parameters"
+        )
+        for section in (
+            "actor_rollout_ref.actor.fsdp_config",
+            "actor_rollout_ref.ref.fsdp_config",
+            "critic.fsdp_config",
+            "critic.model.fsdp_config",
         )
     },
     "trainer.ray_wait_register_center_timeout": (

@@ -7,9 +7,9 @@ section above it (``trainer.npu_profile`` covers ``trainer.npu_profile.options.l
 
 from __future__ import annotations
 
-__all__ = ["MEGATRON_ADVICE", "VERL_UNSUPPORTED", "unsupported_advice"]
+__all__ = ["MEGATRON_ADVICE", "QUANTIZED_ADVICE", "VERL_UNSUPPORTED", "unsupported_advice"]
 
-_QUANTIZED = (
+QUANTIZED_ADVICE = (
     "a quantized rollout engine (vLLM with fp8 / torchao weights) is not supported: drop the key; the rollout "
     "computes in actor_rollout_ref.rollout.dtype (null = the actor's precision)"
 )
@@ -19,8 +19,8 @@ MEGATRON_ADVICE = (
 )
 
 VERL_UNSUPPORTED: dict[str, str] = {
-    "actor_rollout_ref.rollout.quantization": _QUANTIZED,
-    "actor_rollout_ref.rollout.quantization_config_file": _QUANTIZED,
+    "actor_rollout_ref.rollout.quantization": QUANTIZED_ADVICE,
+    "actor_rollout_ref.rollout.quantization_config_file": QUANTIZED_ADVICE,
     "trainer.bench_steps": (
         "rlflow has no such key: every step logs its phase times (timing_s/*), and trainer.profile_steps "
         "records traces of chosen steps; drop it"

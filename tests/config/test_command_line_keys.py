@@ -416,7 +416,8 @@ def test_verls_offload_policy_is_accepted_beside_param_offload():
 
 def test_more_of_verls_current_script_spellings():
     """``+actor.policy_loss.tau_*`` (a SAPO script), vLLM's ``+rollout.enable_sleep_mode`` and FSDP1's
-    ``use_orig_params=True`` (rlflow's only way; ``False`` refused)."""
+    ``use_orig_params`` (either value: FSDP1's flat and original parameters give the same AdamW updates;
+    rlflow keeps the original ones), vLLM's ``quantization`` at its off value (null; fp8 refused)."""
     cfg = load_config(
         [
             "+actor_rollout_ref.actor.policy_loss.tau_pos=0.9",
@@ -435,10 +436,21 @@ def test_more_of_verls_current_script_spellings():
         1.2,
         False,
     )
+    validate_config(
+        load_config(
+            [
+                "actor_rollout_ref.ref.fsdp_config.use_orig_params=false",  # verl's default
+                "actor_rollout_ref.actor.fsdp_config.use_orig_params=False",
+                "actor_rollout_ref.rollout.quantization=null",
+                "actor_rollout_ref.rollout.quantization_config_file=null",
+            ],
+            config_name="demo_two_ranks",
+        )
+    )
     with pytest.raises(
-        ValueError, match=r"^actor_rollout_ref\.ref\.fsdp_config\.use_orig_params='false': rlflow's FSDP1"
+        ValueError, match=r"^actor_rollout_ref\.rollout\.quantization='fp8': a quantized rollout"
     ):
-        load_config(["actor_rollout_ref.ref.fsdp_config.use_orig_params=false"], config_name="demo_two_ranks")
+        load_config(["+actor_rollout_ref.rollout.quantization=fp8"], config_name="demo_two_ranks")
 
 
 def test_verls_prefix_tree_trainer_v1_and_vision_keys():
