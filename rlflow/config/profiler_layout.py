@@ -25,6 +25,13 @@ profiler.tool``)                                    with steps set, and ``nsys``
 ``global_profiler.global_tool_config.*``            trace's own defaults): accepted, they change nothing
 ``<role>.profiler.tool_config.torch.step_start=0``  the whole step (other values refused)
 / ``step_end=null``
+``<role>.profiler.tool_config.torch.discrete``      as ``<role>.profiler.discrete``
+``<role>.profiler.tool_config.torch.contents``      ``[]`` or a subset of what every trace holds (``cpu``,
+                                                    ``cuda``, ``shapes``); ``memory`` / ``stack`` refused
+``tool_config.torch.schedule.*``,                   their defaults only (``0`` / null / false / ``[]``:
+``tool_config.torch.profile_token_{start,end}``,    one trace of the whole step, nothing run after it)
+``global_profiler.{relocate_results,finish_hook_*}``
+``*.tool_config.precision_debugger.*``              a tool rlflow does not have: accepted, changes nothing
 ``<role>.profiler.ranks`` / ``all_ranks`` in verl's  chose the ranks profiled on ``trainer.profile_steps``
 earlier layout (no ``global_profiler``, no          (that layout had no ``enable`` switch)
 ``enable``)
@@ -70,6 +77,8 @@ _ROLE_KEYS = (
     "ranks",
     "all_ranks",
     "discrete",
+    "tool_config.torch.discrete",
+    "tool_config.torch.contents",
     "save_path",
     "tool_config.torch.step_start",
     "tool_config.torch.step_end",
@@ -90,8 +99,32 @@ _NPU_OPTIONS = (
 """Options of verl's earlier Ascend NPU profiler section (``trainer.npu_profile.options.*``, and the
 ``profile.options.*`` of its NPU recipes): ``save_path`` is the trace folder; these configure the NPU tool."""
 _GLOBAL_INERT = ("global_tool_config.",)
-_ROLE_INERT = ("tool_config.nsys.", "tool_config.npu.", "tool_config.torch_memory.")
+_ROLE_INERT = (
+    "tool_config.nsys.",
+    "tool_config.npu.",
+    "tool_config.torch_memory.",
+    "tool_config.precision_debugger.",
+)
 """Sub-keys that configure tools rlflow does not have: accepted, and they change nothing."""
+_WHOLE_STEP = "rlflow records one torch.profiler trace of each profiled step, whole"
+_ROLE_DEFAULT_ONLY = {
+    **{
+        f"tool_config.torch.schedule.{k}": ("0",)
+        for k in ("skip_first", "wait", "warmup", "active", "repeat")
+    },
+    "tool_config.torch.profile_token_start": _NULL,
+    "tool_config.torch.profile_token_end": _NULL,
+}
+_GLOBAL_DEFAULT_ONLY = {
+    "relocate_results": ("false",),
+    "finish_hook_cmd": _NULL,
+    "finish_hook_all_ranks": ("false",),
+    "finish_hook_ranks": ("[]", *_NULL),
+}
+"""Sub-keys accepted at the value that leaves their feature off (a profiler schedule within the step, a token
+window of the rollout, moving the results, a command run after profiling)."""
+_TRACE_CONTENTS = ("cpu", "cuda", "shapes")
+"""What every trace holds (`rlflow.single_controller.profiling`): CPU and CUDA activities, input shapes."""
 
 
 def _section(key: str) -> tuple[str, str] | None:
@@ -164,13 +197,23 @@ def _translate(found: dict[str, dict[str, tuple[str, str]]]) -> list[str]:
             known, inert = (_GLOBAL_KEYS, _GLOBAL_INERT) if owner == _GLOBAL else (_ROLE_KEYS, _ROLE_INERT)
             if sub.startswith(inert):
                 continue
+            default_only = _GLOBAL_DEFAULT_ONLY if owner == _GLOBAL else _ROLE_DEFAULT_ONLY
+            if sub in default_only:
+                if unquote(value).replace(" ", "").lower() not in default_only[sub]:
+                    raise ValueError(
+                        f"{key}={value}: {_WHOLE_STEP}; keep {default_only[sub][0]} or drop the key"
+                    )
+                continue
+            if sub == "tool_config.torch.contents":
+                _check_contents(key, value)
+                continue
             if sub not in known:
                 raise ValueError(
                     f"{key}: not a key of verl's profiler layout that rlflow reads (global_profiler: "
                     f"{', '.join(_GLOBAL_KEYS)}, global_tool_config.*; <role>.profiler: {', '.join(_ROLE_KEYS)}, "
-                    "tool_config.{nsys,npu,torch_memory}.*)"
+                    "tool_config.{nsys,npu,torch_memory,precision_debugger}.*)"
                 )
-            if sub in ("tool", "enable", "ranks", "all_ranks", "discrete"):
+            if sub in ("tool", "enable", "ranks", "all_ranks", "discrete", "tool_config.torch.discrete"):
                 continue
             if sub == "steps":
                 if unquote(value).lower() in _NULL:
@@ -211,6 +254,28 @@ def _translate(found: dict[str, dict[str, tuple[str, str]]]) -> list[str]:
     return new
 
 
+def _check_contents(key: str, value: str) -> None:
+    """verl's ``tool_config.torch.contents``: what the trace records; rlflow's holds ``_TRACE_CONTENTS``."""
+    items = [i.strip().strip("'\"").lower() for i in unquote(value).strip("[] ").split(",") if i.strip()]
+    missing = [i for i in items if i not in _TRACE_CONTENTS]
+    if missing:
+        raise ValueError(
+            f"{key}={value}: rlflow's traces hold {list(_TRACE_CONTENTS)} (CPU and CUDA activities, input "
+            f"shapes), not {missing}; drop those entries"
+        )
+
+
+def _discrete(entries: dict[str, tuple[str, str]]) -> bool:
+    """``discrete`` or ``tool_config.torch.discrete`` (verl's later spelling); they must agree."""
+    values = {
+        sub: parse_bool(*entries[sub]) for sub in ("discrete", "tool_config.torch.discrete") if sub in entries
+    }
+    if len(set(values.values())) > 1:
+        keys = [entries[sub][0] for sub in values]
+        raise ValueError(f"{keys[0]} and {keys[1]} disagree; set one of them")
+    return any(values.values())
+
+
 def _check_tool(entries: dict[str, tuple[str, str]]) -> str | None:
     if "tool" not in entries:
         return None
@@ -243,11 +308,7 @@ def _role_overrides(role: str, entries: dict[str, tuple[str, str]], earlier: boo
             f"{enable_key}={enable_value}: rlflow does not profile the reward-model group; profile the "
             "actor, rollout, ref or critic"
         )
-    discrete = (
-        [f"{role}.profile_discrete=true"]
-        if "discrete" in entries and parse_bool(*entries["discrete"])
-        else []
-    )
+    discrete = [f"{role}.profile_discrete=true"] if _discrete(entries) else []
     if "all_ranks" in entries and parse_bool(*entries["all_ranks"]):
         return [f"{role}.profile_ranks_all=true", *discrete]
     ranks = entries.get("ranks")

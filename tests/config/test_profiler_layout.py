@@ -189,3 +189,45 @@ def test_the_command_line_reads_verls_layout_too():
     assert proc.returncode == 0, proc.stderr
     cfg = yaml.safe_load(proc.stdout)
     assert cfg["trainer"]["profile_steps"] == [2] and cfg["critic"]["profile_ranks"] == [1]
+
+
+def test_the_defaults_of_verls_generated_profiler_section_compose():
+    """Every profiler key of verl's generated ppo_trainer.yaml at its default value (a dumped config passed
+    back) profiles nothing; ``tool_config.torch.discrete`` is ``discrete``; ``contents`` may name what every
+    trace holds."""
+    defaults = [
+        *(
+            f"{role}.profiler.tool_config.torch.{key}"
+            for role in (A, REF, C)
+            for key in ("contents=[]", "discrete=false", *(f"schedule.{k}=0" for k in
+                        ("skip_first", "wait", "warmup", "active", "repeat")))
+        ),
+        *(f"{role}.profiler.tool_config.precision_debugger.steps=null" for role in (A, R, REF, C)),
+        f"{R}.profiler.tool_config.torch.profile_token_start=null",
+        f"{R}.profiler.tool_config.torch.profile_token_end=null",
+        "global_profiler.relocate_results=false",
+        "global_profiler.finish_hook_cmd=null",
+        "global_profiler.finish_hook_all_ranks=false",
+        "global_profiler.finish_hook_ranks=[]",
+    ]  # fmt: skip
+    got = _profile_keys(defaults)
+    assert got["steps"] is None and got["actor"] == (None, False) and not got["actor_discrete"]
+    got = _profile_keys(
+        ["global_profiler.tool=torch", "global_profiler.steps=[1]", f"{C}.profiler.enable=true",
+         f"{C}.profiler.all_ranks=true", f"{C}.profiler.tool_config.torch.discrete=true",
+         f"{C}.profiler.tool_config.torch.contents=[cpu,cuda,shapes]"]
+    )  # fmt: skip
+    assert (got["critic"], got["critic_discrete"]) == ((None, True), True)
+    refused = {
+        f"{C}.profiler.tool_config.torch.contents=[cpu,memory,stack]": "not ['memory', 'stack']",
+        f"{C}.profiler.tool_config.torch.schedule.active=2": "keep 0 or drop the key",
+        "global_profiler.finish_hook_cmd=ls": "global_profiler.finish_hook_cmd=ls: rlflow records one",
+        f"{C}.profiler.relocate_results=false": "not a key of verl's profiler layout",
+    }
+    for override, message in refused.items():
+        with pytest.raises(ValueError, match=re.escape(message)):
+            _profile_keys(["global_profiler.tool=torch", override])
+    with pytest.raises(ValueError, match="disagree"):
+        _profile_keys(["global_profiler.tool=torch", "global_profiler.steps=[1]", f"{C}.profiler.enable=true",
+                       f"{C}.profiler.all_ranks=true", f"{C}.profiler.discrete=true",
+                       f"{C}.profiler.tool_config.torch.discrete=false"])  # fmt: skip
