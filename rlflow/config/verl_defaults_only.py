@@ -112,6 +112,14 @@ DEFAULT_ONLY: dict[str, tuple[tuple[str, ...], str]] = {
         "to some steps off-policy) are not supported: rlflow's steps are synchronous, as trainer_mode=sync; "
         "drop the key",
     ),
+    **{
+        f"actor_rollout_ref.ref.router_replay.{key}": (
+            off,
+            "only the actor replays routing (actor_rollout_ref.actor.router_replay.mode); the reference "
+            "computes its own: drop the key",
+        )
+        for key, off in (("mode", ("disabled",)), ("record_file", _NULL), ("replay_file", _NULL))
+    },
     "trainer.del_local_ckpt_after_load": (
         _FALSE,
         "rlflow keeps the local checkpoint it resumed from: drop the key",

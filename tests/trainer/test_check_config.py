@@ -141,6 +141,14 @@ def test_routing_replay_settings_are_checked_before_ray(tmp_path):
         "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
     ]
     assert check_config([*base, *megatron], "demo").actor_rollout_ref.actor.router_replay.mode == "R3"
+    # verl's generated config lists the reference's replay keys at their defaults
+    ref = [
+        f"actor_rollout_ref.ref.router_replay.{k}"
+        for k in ("mode=disabled", "record_file=null", "replay_file=null")
+    ]
+    assert summary(check_config([*base, *ref], "demo")).startswith("config OK")
+    with pytest.raises(ValueError, match=r"ref\.router_replay\.mode='R3': only the actor replays routing"):
+        check_config([*base, *r3, "+actor_rollout_ref.ref.router_replay.mode=R3"], "demo")
 
 
 def test_r2_keeps_the_old_log_prob_pass_that_records_its_routing(tmp_path):
