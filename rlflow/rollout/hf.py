@@ -370,7 +370,9 @@ class HFRollout(BaseRollout):
         with self.generation_model() as model:
             device = next(model.parameters()).device
             fast = fast_decoder_for(model) or False  # the fused projections, once per call
-            replay = RouterReplay.of(model) if self.config.enable_rollout_routing_replay else None
+            # routing for the update (R3); validation batches never reach it
+            record = self.config.enable_rollout_routing_replay and not meta.get("validate", False)
+            replay = RouterReplay.of(model) if record else None
             for start in range(0, rows, step):
                 first_prompt = start // repeats
                 part = source.batch[first_prompt : first_prompt + step // repeats].to(device)

@@ -262,7 +262,10 @@ class VLLMRollout(BaseRollout):
                 values = [lp[tok].logprob for lp, tok in zip(completion.logprobs, tokens)]
                 log_probs[i, : len(values)] = torch.tensor(values)
         responses, log_probs = responses.to(ids.device), log_probs.to(ids.device)
-        routed = self._routed_experts(outputs, mask, params.response_length) if self._routing else None
+        record = self._routing is not None and not prompts.meta_info.get(
+            "validate", False
+        )  # R3: for the update
+        routed = self._routed_experts(outputs, mask, params.response_length) if record else None
         return build_rollout_output(
             batch,
             responses,

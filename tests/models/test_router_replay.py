@@ -257,7 +257,11 @@ def test_the_rollout_records_the_routing_the_trainer_recomputes_and_its_replay_g
         tensors={k: data.batch[k][:, :PROMPT] for k in ("input_ids", "attention_mask", "position_ids")},
         meta_info={"eos_token_id": [5, 7, 11, 13], "pad_token_id": 0, "global_steps": 1},
     )
-    out = HFRollout(model, config, dp_rank=0).generate_sequences(prompts).batch
+    rollout = HFRollout(model, config, dp_rank=0)
+    prompts.meta_info["validate"] = True  # validation batches never reach the update: nothing recorded
+    assert ROUTED_EXPERTS not in rollout.generate_sequences(prompts).batch.keys()
+    prompts.meta_info["validate"] = False
+    out = rollout.generate_sequences(prompts).batch
     routed, mask = out[ROUTED_EXPERTS], out["attention_mask"].bool()
     assert routed.shape == (10, PROMPT + 6, LAYERS, TOP_K)
     # recorded: every valid token but each row's last one (sampled, never fed back); -1 elsewhere
