@@ -7,6 +7,10 @@ Formula (training = forward + backward, per token of a sequence of length ``S``)
 * ``N`` is the number of weights that take part in a matrix multiply per token: per layer the attention
   projections ``q, o: h x (n_heads * d)`` and ``k, v: h x (n_kv_heads * d)``, the gated MLP
   ``gate, up, down: 3 * h * f`` (SwiGLU, as in Llama / Qwen2 / Mistral), plus the LM head ``h x V``.
+  A mixture-of-experts layer counts what one token goes through: its router ``h x E``, its ``k`` chosen
+  experts ``k * 3 * h * f_e`` and any shared expert (Qwen2-MoE's ``3 * h * f_s`` and its ``h x 1`` gate);
+  layers that stay dense (Qwen-MoE's ``mlp_only_layers`` / ``decoder_sparse_step``) count the gated MLP.
+  Mixture-of-experts layouts read: ``qwen2_moe``, ``qwen3_moe``, ``mixtral``, ``olmoe``.
   The input embedding is a lookup (no FLOPs) and is left out, as Kaplan et al. leave it out of ``N``;
   biases, norms, activations, softmax and rotary embeddings are ignored (well under 1% here).
   A matrix multiply costs 2 FLOPs per weight per token forward and 4 backward (gradients of the
@@ -77,11 +81,18 @@ _GPU_PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
 )
 
 _MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+_MOE_TYPES = ("qwen2_moe", "qwen3_moe", "mixtral", "olmoe")
+"""Mixture-of-experts ``model_type``s whose layer layout `transformer_shape` reads."""
 
 
 @dataclass(frozen=True)
 class TransformerShape:
-    """The sizes the FLOPs formula needs, read from a Hugging Face config."""
+    """The sizes the FLOPs formula needs, read from a Hugging Face config.
+
+    ``moe_layers`` of the ``num_layers`` route each token to ``experts_per_token`` of ``num_experts``
+    experts of width ``expert_intermediate`` (plus a shared expert of width ``shared_intermediate`` with a
+    one-output gate when ``shared_gate``); the others run the dense gated MLP of ``intermediate_size``.
+    """
 
     num_layers: int
     hidden_size: int
@@ -90,6 +101,12 @@ class TransformerShape:
     head_dim: int
     intermediate_size: int
     vocab_size: int
+    moe_layers: int = 0
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    shared_intermediate: int = 0
+    shared_gate: bool = False
 
 
 def _attr(config: Any, name: str, default: Any = None) -> Any:
@@ -104,18 +121,18 @@ def transformer_shape(hf_config: Any) -> TransformerShape:
     A multimodal config with a ``text_config`` is read from its ``text_config``.
 
     Raises:
-        ValueError: a required field is missing (named), or the model is a mixture of experts (the
-            dense formula would be wrong).
+        ValueError: a required field is missing (named), or the model is a mixture of experts whose layout
+            is not one of `_MOE_TYPES` (the dense formula would be wrong).
     """
     text_config = _attr(hf_config, "text_config")
     config = text_config if text_config is not None else hf_config
     model_type = _attr(config, "model_type", "?")
-    for key in _MOE_KEYS:
-        experts = _attr(config, key)
-        if isinstance(experts, int) and experts > 1:
-            raise ValueError(
-                f"FLOPs estimate: {model_type} is a mixture of experts ({key}={experts}); unsupported"
-            )
+    experts = next((e for e in (_attr(config, key) for key in _MOE_KEYS) if isinstance(e, int) and e > 1), 0)
+    if experts and model_type not in _MOE_TYPES:
+        raise ValueError(
+            f"FLOPs estimate: {model_type} is a mixture of experts ({experts} experts) whose layer layout is not "
+            f"read here (only {list(_MOE_TYPES)})"
+        )
     values: dict[str, int] = {}
     for key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"):
         value = _attr(config, key)
@@ -132,7 +149,29 @@ def transformer_shape(hf_config: Any) -> TransformerShape:
         head_dim=int(head_dim),
         intermediate_size=values["intermediate_size"],
         vocab_size=values["vocab_size"],
+        **(_moe_shape(config, model_type, experts, values) if experts else {}),
     )
+
+
+def _moe_shape(config: Any, model_type: str, experts: int, values: dict[str, int]) -> dict[str, Any]:
+    """The mixture-of-experts fields of `TransformerShape` for one of `_MOE_TYPES`."""
+    layers = values["num_hidden_layers"]
+    if model_type in ("qwen2_moe", "qwen3_moe"):  # sparse unless in mlp_only_layers or off the sparse step
+        dense = set(_attr(config, "mlp_only_layers") or [])
+        step = int(_attr(config, "decoder_sparse_step") or 1)
+        moe_layers = sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
+        expert_width = int(_attr(config, "moe_intermediate_size"))
+    else:  # mixtral, olmoe: every layer, experts of intermediate_size
+        moe_layers, expert_width = layers, values["intermediate_size"]
+    shared = int(_attr(config, "shared_expert_intermediate_size") or 0) if model_type == "qwen2_moe" else 0
+    return {
+        "moe_layers": moe_layers,
+        "num_experts": experts,
+        "experts_per_token": int(_attr(config, "num_experts_per_tok")),
+        "expert_intermediate": expert_width,
+        "shared_intermediate": shared,
+        "shared_gate": shared > 0,
+    }
 
 
 def count_matmul_params(shape: TransformerShape, head_outputs: int | None = None) -> int:
@@ -145,8 +184,12 @@ def count_matmul_params(shape: TransformerShape, head_outputs: int | None = None
     h, d = shape.hidden_size, shape.head_dim
     attention = 2 * h * shape.num_heads * d + 2 * h * shape.num_kv_heads * d  # q, o + k, v
     mlp = 3 * h * shape.intermediate_size  # gate, up, down
+    # a token's share of a MoE layer: the router, its k experts, the shared expert and its gate
+    moe = h * shape.num_experts + shape.experts_per_token * 3 * h * shape.expert_intermediate
+    moe += 3 * h * shape.shared_intermediate + (h if shape.shared_gate else 0)
     head = shape.vocab_size if head_outputs is None else int(head_outputs)
-    return shape.num_layers * (attention + mlp) + h * head
+    dense_layers = shape.num_layers - shape.moe_layers
+    return shape.num_layers * attention + dense_layers * mlp + shape.moe_layers * moe + h * head
 
 
 def _attention_width(shape: TransformerShape) -> int:

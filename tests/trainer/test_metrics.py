@@ -390,3 +390,53 @@ def test_rollout_entropy_is_the_whole_batch_token_mean_and_leaves_the_batch():
     assert rollout_entropy(batch) == {"actor/entropy": pytest.approx((1 + 2 + 4) / 3, rel=1e-12)}
     assert "rollout_entropy" not in batch.batch.keys()  # not shipped on to the updates
     assert rollout_entropy(batch) == {}
+
+
+def _active_weights(model: torch.nn.Module, top_k: int) -> int:
+    """Matmul weights one token goes through, counted on the built model: attention projections, each
+    layer's dense MLP or (MoE) its router, ``top_k`` of its experts and its shared expert, the LM head."""
+    from rlflow.models.router_replay import moe_routers
+
+    routers = {id(r) for r in moe_routers(model)}
+    total = model.lm_head.weight.numel()
+    for layer in model.model.layers:
+        total += sum(m.weight.numel() for m in layer.self_attn.modules() if isinstance(m, torch.nn.Linear))
+        router = next((m for m in layer.mlp.modules() if id(m) in routers), None)
+        linears = sum(m.weight.numel() for m in layer.mlp.modules() if isinstance(m, torch.nn.Linear))
+        if router is None:
+            total += linears
+            continue
+        experts = layer.mlp.experts
+        per_expert = sum(p.numel() for p in experts.parameters()) // router.weight.shape[0]
+        total += router.weight.numel() + top_k * per_expert + linears  # linears: the shared expert, its gate
+    return total
+
+
+@pytest.mark.parametrize(
+    ("name", "extra"),
+    [
+        (
+            "Qwen2MoeConfig",
+            {"moe_intermediate_size": 24, "shared_expert_intermediate_size": 40, "mlp_only_layers": [1]},
+        ),
+        ("Qwen3MoeConfig", {"moe_intermediate_size": 24, "decoder_sparse_step": 2}),
+        ("MixtralConfig", {"num_local_experts": 4}),
+        ("OlmoeConfig", {}),
+    ],
+)
+def test_mixture_of_experts_flops_count_what_a_token_goes_through(name, extra):
+    """A MoE layer's N is its router, top-k experts and shared expert (not all experts): checked against the
+    weights of the built model; Qwen2-MoE's dense layer (mlp_only_layers) and Qwen3-MoE's sparse step count
+    the dense MLP."""
+    sizes = {"vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts_per_tok": 2}  # fmt: skip
+    if name != "MixtralConfig":
+        sizes["num_experts"] = 4
+    config = getattr(transformers, name)(**sizes, **extra)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    shape = transformer_shape(config)
+    assert shape.moe_layers == {"Qwen2MoeConfig": 2, "Qwen3MoeConfig": 1}.get(name, 3)
+    assert count_matmul_params(shape) == _active_weights(model, top_k=2)
+    dense = transformer_shape(_tiny_config())
+    assert dense.moe_layers == 0 and count_matmul_params(dense) == N_TINY

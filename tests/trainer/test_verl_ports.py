@@ -310,6 +310,7 @@ def test_megatron_moe_port_runs_two_steps_with_its_router_losses_and_routing_rep
         assert h["training/rollout_probs_diff_max"] < 1e-4
         # the second mini-batch replays experts chosen before the first optimizer step
         assert 0.0 <= h["actor/router_replay_mismatch"] < 0.5
+        assert 0 < h["perf/mfu/actor"] < 1  # MoE FLOPs: the tokens' routers and chosen experts
 
 
 @pytest.mark.slow
