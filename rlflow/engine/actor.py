@@ -76,7 +76,8 @@ class DataParallelPPOActor:
         router_replay: a mixture-of-experts actor's routing replay (``actor.router_replay.mode``,
             `rlflow.models.router_replay`): ``"R2"``: `compute_log_prob` records the routing (read it from
             ``last_routing``) and the update's forwards replay the batch's ``routed_experts``; ``"R3"``: both
-            replay the rollout's. ``"disabled"``: live routing.
+            replay the rollout's (``last_replay_mismatch``: the share of `compute_log_prob`'s replayed
+            choices its live routers would have made differently). ``"disabled"``: live routing.
     """
 
     def __init__(
@@ -122,6 +123,7 @@ class DataParallelPPOActor:
         self.router_replay = str(router_replay)
         self._replay = RouterReplay.of(actor_module) if self.router_replay != "disabled" else None
         self.last_routing: torch.Tensor | None = None  # R2: the routing compute_log_prob recorded
+        self.last_replay_mismatch: float | None = None  # R3: compute_log_prob's replayed choices that differ
         self._router_losses: tuple[Any, Any] = (None, None)  # of the last training forward
         self._recorded_routing: torch.Tensor | None = None  # of the last forward, routing="record"
         self._mini_batch_seed = 0  # KL-Cov / Clip-Cov: seeds the draw of the current mini-batch
@@ -211,11 +213,15 @@ class DataParallelPPOActor:
         batch = data.batch.select(*[k for k in (*FORWARD_KEYS, ROUTED_EXPERTS) if k in data.batch.keys()])
         micro = split_micro_batches(batch, self.log_prob, self.sync_group, self.share_prompts)
         outs, routing = [], []
-        for mb in micro.batches:
-            outs.append(self._forward_micro_batch(mb, self.temperature, calculate_entropy))
-            routing.append(self._recorded_routing)
-        self._stop_replay()
+        try:
+            for mb in micro.batches:
+                outs.append(self._forward_micro_batch(mb, self.temperature, calculate_entropy))
+                routing.append(self._recorded_routing)
+        finally:
+            counts = self._stop_replay()
         self.last_routing = micro.restore(routing) if self.router_replay == "R2" else None
+        # R3: how often the rollout's experts differ from the ones this forward's routers would pick
+        self.last_replay_mismatch = counts[0] / counts[1] if counts and counts[1] else None
         mask = response_mask_of(data)
         log_probs = micro.restore([lp for _, lp in outs]) * mask
         entropy = micro.restore([ent for ent, _ in outs]) * mask if calculate_entropy else None

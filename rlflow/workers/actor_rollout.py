@@ -116,6 +116,8 @@ class ActorRolloutWorker(RoleWorker):
         if self.parallel.dims.dp_size > 1:
             torch.distributed.all_reduce(stats, group=self.parallel.dp_group)
         metrics["actor/entropy"] = float(stats[0] / stats[1].clamp(min=1))
+        if self.actor.last_replay_mismatch is not None:  # R3: the rollout's experts vs the trainer's
+            metrics["actor/router_replay_rollout_mismatch"] = self.actor.last_replay_mismatch
         tensors = {"old_log_probs": log_probs}
         if self.actor.last_routing is not None:  # router_replay.mode=R2: what the update replays
             tensors[ROUTED_EXPERTS] = self.actor.last_routing
