@@ -4,7 +4,9 @@ device from its HF config (no weights read) when a key acts on its modules, and
 * LoRA (``lora_rank`` / ``lora_adapter_path``): ``target_modules`` after ``exclude_modules`` must select a
   linear layer (`rlflow.models.lora.lora_targets`, naming the key and the model's linear layers);
 * ``tiled_mlp.enabled``: every decoder layer must hold a dense ``mlp`` block
-  (`rlflow.models.tiled_mlp.install_tiled_mlp`; mixture-of-experts blocks are refused).
+  (`rlflow.models.tiled_mlp.install_tiled_mlp`; mixture-of-experts blocks are refused);
+* ``actor.router_replay.mode`` R2 / R3: the actor's model must have router modules that routing replay
+  finds (`rlflow.models.router_replay.moe_routers`).
 
 `rlflow.trainer.main_ppo.prepare_config` runs it once the model paths are resolved.
 """
@@ -19,8 +21,9 @@ __all__ = ["check_role_architectures"]
 
 
 def check_role_architectures(cfg: DictConfig, critic: bool) -> dict[str, dict[str, int]]:
-    """Check the actor's (and with ``critic``, the critic's) LoRA selection and tiled MLP on its
-    architecture; a ``lora_adapter_path`` gives the actor's adapters its own rank and targets.
+    """Check the actor's (and with ``critic``, the critic's) LoRA selection and tiled MLP, and the actor's
+    routers for routing replay, on its architecture; a ``lora_adapter_path`` gives the actor's adapters its
+    own rank and targets.
 
     Args:
         cfg: the composed config, model paths resolved.
@@ -35,19 +38,27 @@ def check_role_architectures(cfg: DictConfig, critic: bool) -> dict[str, dict[st
     from rlflow.models.loader import meta_model
     from rlflow.models.lora import lora_targets
     from rlflow.models.peft_adapter import lora_spec
+    from rlflow.models.router_replay import moe_routers
     from rlflow.models.tiled_mlp import install_tiled_mlp
 
     roles = [("actor", MODEL, "causal_lm", cfg.actor_rollout_ref.model)]
     if critic:
         roles.append(("critic", CRITIC_MODEL, "value", cfg.critic.model))
     adapters: dict[str, dict[str, int]] = {}
+    replay = str(cfg.actor_rollout_ref.actor.router_replay.mode)
     for role, key, kind, model in roles:
         spec = lora_spec(model, key)
         tiled = bool(model.tiled_mlp.enabled)
-        if spec is None and not tiled:
+        routed = role == "actor" and replay != "disabled"
+        if spec is None and not tiled and not routed:
             continue
         overrides = dict(model.override_config or {})
         built = meta_model(kind, str(model.path), bool(model.trust_remote_code), overrides)
+        if routed and not moe_routers(built):
+            raise ValueError(
+                f"actor_rollout_ref.actor.router_replay.mode={replay}: {type(built).__name__} has no router module "
+                "that routing replay can find (the class its router_logits are recorded from); set disabled"
+            )
         if spec is not None:
             adapters[role] = {name: spec.rank for name, _ in lora_targets(built, spec)}
         if tiled:

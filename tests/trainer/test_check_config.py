@@ -134,6 +134,13 @@ def test_routing_replay_settings_are_checked_before_ray(tmp_path):
             check_config([*base, *extra], "demo")
     with pytest.raises(ValueError, match=r"mode=R2: the actor's model \(Qwen2Config\) is not a mixture"):
         check_config(["algorithm.adv_estimator=grpo", f"{key}.mode=R2"], "demo")
+    # a config that claims experts over a dense architecture: the built model has no router to replay
+    claims = [
+        f"+actor_rollout_ref.model.override_config.{k}"
+        for k in ("num_experts_per_tok=2", "output_router_logits=false")
+    ]
+    with pytest.raises(ValueError, match=r"mode=R2: Qwen2ForCausalLM has no router module"):
+        check_config(["algorithm.adv_estimator=grpo", f"{key}.mode=R2", *claims], "demo")
     # verl's Megatron spelling is the actor's key; the reference's "disabled" is dropped
     megatron = [
         "actor_rollout_ref.actor.megatron.router_replay.mode=R3",
