@@ -112,117 +112,98 @@ def decode(
     if repeats < 1:
         raise ValueError(f"decode: repeats={repeats} must be >= 1")
     record = routing.replay.record() if routing is not None else contextlib.nullcontext()
-    with record:
-        return _decode(
-            model,
-            input_ids,
-            attention_mask,
-            position_ids,
-            params,
-            keys,
-            eos_token_ids,
-            pad_token_id,
-            repeats,
-            fast if routing is None else False,
-            entropy,
-            routing,
-        )
-
-
-def _decode(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    position_ids: torch.Tensor,
-    params: SamplingParams,
-    keys: torch.Tensor,
-    eos_token_ids: Sequence[int],
-    pad_token_id: int,
-    repeats: int,
-    fast: bool | FastDecoder,
-    entropy: bool,
-    routing: DecodeRouting | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    width = input_ids.shape[1]
-    input_ids, attention_mask, position_ids = _trim_left_padding(input_ids, attention_mask, position_ids)
-    offset = width - input_ids.shape[1]  # the left-padding columns every row shared
-    config = getattr(model, "config", None)
-    shared_prefill = config is not None and supports_preallocated_cache(config)
-    if repeats > 1 and not shared_prefill:
-        input_ids, attention_mask, position_ids = (
-            t.repeat_interleave(repeats, dim=0) for t in (input_ids, attention_mask, position_ids)
-        )
-        repeats = 1
-    rows, length, device = input_ids.shape[0] * repeats, params.response_length, input_ids.device
-    if keys.shape[0] != rows:
-        raise ValueError(f"decode: {keys.shape[0]} sampling keys for {rows} output rows")
-    responses = torch.full((rows, length), pad_token_id, dtype=torch.int64, device=device)
-    log_probs = torch.zeros((rows, length), dtype=torch.float32, device=device)
-    entropies = torch.zeros((rows, length), dtype=torch.float32, device=device) if entropy else None
-    eos = torch.tensor(list(eos_token_ids), dtype=torch.int64, device=device)
-    stop = eos[:0] if params.ignore_eos else eos
-    active = torch.arange(rows, device=device)  # original row of each row still decoding
-    cache = (
-        PreallocatedCache(config.get_text_config(decoder=True).num_hidden_layers, input_ids.shape[1] + length)
-        if shared_prefill
-        else None
-    )
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    cache, position, logits = out.past_key_values, position_ids[..., -1:], out.logits[:, -1, :]
     if routing is not None:
-        prompt = routing.replay.pop_forward().view(*input_ids.shape, routing.replay.num_layers, -1)
-        prompt[~attention_mask.bool()] = -1
-        routed = torch.full((rows, width + length, *prompt.shape[2:]), -1, dtype=torch.int16, device=device)
-        routed[:, offset:width] = prompt.repeat_interleave(repeats, dim=0) if repeats > 1 else prompt
-        routing.routed = routed
-    if fast is True:
-        fast = fast_decoder_for(model) if isinstance(cache, PreallocatedCache) else None
-    fast_step = fast.step if isinstance(fast, FastDecoder) and isinstance(cache, PreallocatedCache) else None
-    if repeats > 1:
-        cache.batch_repeat_interleave(repeats)
-        logits, attention_mask, position = (
-            t.repeat_interleave(repeats, dim=0) for t in (logits, attention_mask, position)
-        )
-    for t in range(length):
-        banned = eos if t < params.min_tokens else None
-        token, log_prob, token_entropy = sample_next_token(logits.float(), params, keys, t, banned, entropy)
-        responses[active, t] = token
-        log_probs[active, t] = log_prob
-        if entropies is not None:
-            entropies[active, t] = token_entropy
-        finished = torch.isin(token, stop)
-        if t + 1 == length or bool(finished.all()):
-            return (
-                responses[:, : t + 1],
-                log_probs[:, : t + 1],
-                None if entropies is None else entropies[:, : t + 1],
+        fast = False  # the steps go through transformers' forward, whose routers record
+    with record:
+        width = input_ids.shape[1]
+        input_ids, attention_mask, position_ids = _trim_left_padding(input_ids, attention_mask, position_ids)
+        offset = width - input_ids.shape[1]  # the left-padding columns every row shared
+        config = getattr(model, "config", None)
+        shared_prefill = config is not None and supports_preallocated_cache(config)
+        if repeats > 1 and not shared_prefill:
+            input_ids, attention_mask, position_ids = (
+                t.repeat_interleave(repeats, dim=0) for t in (input_ids, attention_mask, position_ids)
             )
-        if bool(finished.any()):
-            active, token, keys, attention_mask, position = _drop_finished_rows(
-                finished, cache, active, token, keys, attention_mask, position
+            repeats = 1
+        rows, length, device = input_ids.shape[0] * repeats, params.response_length, input_ids.device
+        if keys.shape[0] != rows:
+            raise ValueError(f"decode: {keys.shape[0]} sampling keys for {rows} output rows")
+        responses = torch.full((rows, length), pad_token_id, dtype=torch.int64, device=device)
+        log_probs = torch.zeros((rows, length), dtype=torch.float32, device=device)
+        entropies = torch.zeros((rows, length), dtype=torch.float32, device=device) if entropy else None
+        eos = torch.tensor(list(eos_token_ids), dtype=torch.int64, device=device)
+        stop = eos[:0] if params.ignore_eos else eos
+        active = torch.arange(rows, device=device)  # original row of each row still decoding
+        cache = (
+            PreallocatedCache(
+                config.get_text_config(decoder=True).num_hidden_layers, input_ids.shape[1] + length
             )
-        attention_mask = torch.cat(
-            [attention_mask, attention_mask.new_ones(attention_mask.shape[0], 1)], dim=-1
+            if shared_prefill
+            else None
         )
-        position = position + 1
-        if fast_step is not None:
-            logits = fast_step(token, position, attention_mask, cache)
-            continue
         out = model(
-            input_ids=token.unsqueeze(-1),
+            input_ids=input_ids,
             attention_mask=attention_mask,
-            position_ids=position,
+            position_ids=position_ids,
             past_key_values=cache,
             use_cache=True,
+            logits_to_keep=1,
         )
-        cache, logits = out.past_key_values, out.logits[:, -1, :]
-        if routing is not None:  # the experts of response token t, fed at column width + t
-            routing.routed[active, width + t] = routing.replay.pop_forward()
-    return responses, log_probs, entropies  # only reached when response_length == 0 (rejected by the config)
+        cache, position, logits = out.past_key_values, position_ids[..., -1:], out.logits[:, -1, :]
+        if routing is not None:
+            prompt = routing.replay.pop_forward().view(*input_ids.shape, routing.replay.num_layers, -1)
+            prompt[~attention_mask.bool()] = -1
+            routed = torch.full(
+                (rows, width + length, *prompt.shape[2:]), -1, dtype=torch.int16, device=device
+            )
+            routed[:, offset:width] = prompt.repeat_interleave(repeats, dim=0) if repeats > 1 else prompt
+            routing.routed = routed
+        if fast is True:
+            fast = fast_decoder_for(model) if isinstance(cache, PreallocatedCache) else None
+        fast_step = (
+            fast.step if isinstance(fast, FastDecoder) and isinstance(cache, PreallocatedCache) else None
+        )
+        if repeats > 1:
+            cache.batch_repeat_interleave(repeats)
+            logits, attention_mask, position = (
+                t.repeat_interleave(repeats, dim=0) for t in (logits, attention_mask, position)
+            )
+        for t in range(length):
+            banned = eos if t < params.min_tokens else None
+            token, log_prob, token_entropy = sample_next_token(
+                logits.float(), params, keys, t, banned, entropy
+            )
+            responses[active, t] = token
+            log_probs[active, t] = log_prob
+            if entropies is not None:
+                entropies[active, t] = token_entropy
+            finished = torch.isin(token, stop)
+            if t + 1 == length or bool(finished.all()):
+                return (
+                    responses[:, : t + 1],
+                    log_probs[:, : t + 1],
+                    None if entropies is None else entropies[:, : t + 1],
+                )
+            if bool(finished.any()):
+                active, token, keys, attention_mask, position = _drop_finished_rows(
+                    finished, cache, active, token, keys, attention_mask, position
+                )
+            attention_mask = torch.cat(
+                [attention_mask, attention_mask.new_ones(attention_mask.shape[0], 1)], dim=-1
+            )
+            position = position + 1
+            if fast_step is not None:
+                logits = fast_step(token, position, attention_mask, cache)
+                continue
+            out = model(
+                input_ids=token.unsqueeze(-1),
+                attention_mask=attention_mask,
+                position_ids=position,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache, logits = out.past_key_values, out.logits[:, -1, :]
+            if routing is not None:  # the experts of response token t, fed at column width + t
+                routing.routed[active, width + t] = routing.replay.pop_forward()
+        # only reached when response_length == 0 (rejected by the config)
+        return responses, log_probs, entropies
