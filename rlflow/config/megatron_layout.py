@@ -53,7 +53,7 @@ optimizer_cpu_offload=true``                               optimizer_offload=tru
 use_megatron_fsdp}``                                       and the activations (FSDP2 shards both)
 ``actor.megatron.router_replay.*``                         ``actor_rollout_ref.actor.router_replay.*`` (routing
                                                            replay, `rlflow.models.router_replay`); the
-                                                           reference's and critic's: ``mode=disabled`` only
+                                                           reference's and critic's at their off values only
 ``model_engine=megatron``                                  dropped, logged (`rlflow.config.engine_layouts`)
 =========================================================  =================================================
 
@@ -371,8 +371,9 @@ def _router_replay_key(role: str, sub: str, value: str) -> list[str]:
     if role == ACTOR:
         _note(key, f"config key {key} is read as {ACTOR}.router_replay.{sub}")
         return [f"{ACTOR}.router_replay.{sub}={value}"]
-    if sub == "mode" and value == "disabled":
-        _note(key, f"{key}=disabled: the {role.rsplit('.', 1)[-1]} routes live in rlflow; dropped")
+    off = value == "disabled" if sub == "mode" else value.lower() in _NULL
+    if sub in ("mode", "record_file", "replay_file") and off:
+        _note(key, f"{key}={value}: the {role.rsplit('.', 1)[-1]} routes live in rlflow; dropped")
         return []
     raise ValueError(
         f"{key}={value}: only the actor replays routing ({ACTOR}.router_replay.mode); the reference and the "

@@ -145,6 +145,7 @@ def test_routing_replay_settings_are_checked_before_ray(tmp_path):
     megatron = [
         "actor_rollout_ref.actor.megatron.router_replay.mode=R3",
         "actor_rollout_ref.ref.megatron.router_replay.mode=disabled",
+        "actor_rollout_ref.ref.megatron.router_replay.record_file=null",
         "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
     ]
     assert check_config([*base, *megatron], "demo").actor_rollout_ref.actor.router_replay.mode == "R3"
