@@ -210,7 +210,8 @@ class DataParallelPPOActor:
             mask (entropy None unless asked for).
         """
         self.actor_module.eval()
-        batch = data.batch.select(*[k for k in (*FORWARD_KEYS, ROUTED_EXPERTS) if k in data.batch.keys()])
+        keys = (*FORWARD_KEYS, ROUTED_EXPERTS) if self.router_replay == "R3" else FORWARD_KEYS
+        batch = data.batch.select(*[k for k in keys if k in data.batch.keys()])
         micro = split_micro_batches(batch, self.log_prob, self.sync_group, self.share_prompts)
         outs, routing = [], []
         try:
