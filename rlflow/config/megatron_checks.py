@@ -90,6 +90,13 @@ def megatron_summary(prefix: str, megatron: MegatronConfig, sp: int) -> str | No
     return line
 
 
+def _is_moe(model_config: Any) -> bool:
+    """A Hugging Face mixture-of-experts config: experts per token, router logits the forward can return."""
+    return getattr(model_config, "num_experts_per_tok", None) is not None and hasattr(
+        model_config, "output_router_logits"
+    )
+
+
 def check_router_losses(cfg: DictConfig, model_config: Any) -> None:
     """``actor_rollout_ref.actor.moe_aux_loss_coef`` / ``moe_z_loss_coef`` (Megatron's router losses):
     >= 0; when on, the actor must be a mixture-of-experts model and run with Ulysses SP 1.
@@ -105,9 +112,7 @@ def check_router_losses(cfg: DictConfig, model_config: Any) -> None:
     ]
     if not any(coefs):
         return
-    if getattr(model_config, "num_experts_per_tok", None) is None or not hasattr(
-        model_config, "output_router_logits"
-    ):
+    if not _is_moe(model_config):
         raise ValueError(
             f"{actor}.moe_aux_loss_coef / moe_z_loss_coef: the actor's model ({type(model_config).__name__}) is not "
             "a mixture of experts whose forward returns router logits (output_router_logits); set them to 0"
@@ -155,10 +160,7 @@ def check_router_replay_settings(cfg: DictConfig) -> None:
 def check_router_replay(cfg: DictConfig, model_config: Any) -> None:
     """Routing replay needs a mixture-of-experts actor (its Hugging Face config: ``model_config``)."""
     mode = str(value_at(cfg, f"{_REPLAY}.mode"))
-    moe = getattr(model_config, "num_experts_per_tok", None) is not None and hasattr(
-        model_config, "output_router_logits"
-    )
-    if mode != "disabled" and not moe:
+    if mode != "disabled" and not _is_moe(model_config):
         raise ValueError(
             f"{_REPLAY}.mode={mode}: the actor's model ({type(model_config).__name__}) is not a mixture of experts "
             "(no routers to replay); set disabled"

@@ -30,7 +30,6 @@ from rlflow.config import to_typed, update_is_on_policy
 from rlflow.config.correction_checks import resolve_bypass_mode, rollout_correction_active
 from rlflow.config.schema import PPOTrainerConfig
 from rlflow.logging.tracking import ProgressBar
-from rlflow.models.router_replay import ROUTED_EXPERTS
 from rlflow.protocol import DataProto
 from rlflow.single_controller.futures import DataProtoFuture
 from rlflow.trainer.batch_order import balance_order
@@ -449,8 +448,7 @@ class RayPPOTrainer:
     def _old_log_prob(self, batch: DataProto) -> dict[str, float]:
         out = self.groups.actor.compute_log_prob(batch)
         metrics = _worker_metrics(out)
-        keys = [k for k in ("old_log_probs", ROUTED_EXPERTS) if k in out.batch.keys()]  # R2's routing
-        batch.union(out.select(batch_keys=keys, meta_info_keys=[]))
+        batch.union(out.select(meta_info_keys=[]))  # old_log_probs, and R2's routed_experts
         if "rollout_log_probs" in batch.batch.keys():
             metrics.update(rollout_probs_diff(batch))
         return metrics

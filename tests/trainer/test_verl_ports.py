@@ -309,7 +309,7 @@ def test_megatron_moe_port_runs_two_steps_with_its_router_losses_and_routing_rep
         # the old-log-prob pass reproduces the rollout's log-probs (fp32, same experts)
         assert h["training/rollout_probs_diff_max"] < 1e-4
         # the second mini-batch replays experts chosen before the first optimizer step
-        assert 0.0 <= h["actor/router_replay_mismatch"] < 0.5
+        assert 0.0 <= h["actor/router_replay_mismatch"] < 0.05
         assert 0 < h["perf/mfu/actor"] < 1  # MoE FLOPs: the tokens' routers and chosen experts
         if replay == "R3":  # the same weights and fp32 numerics: the trainer picks the rollout's experts
             assert 0.0 <= h["actor/router_replay_rollout_mismatch"] < 0.01
