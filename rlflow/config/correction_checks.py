@@ -53,6 +53,7 @@ def resolve_bypass_mode(cfg: Any) -> tuple[bool, str]:
     Returns:
         ``(bypass, reason)``: the decision and the setting or condition that made it.
     """
+    from rlflow.config.fp8_checks import fp8_forward, rollout_fp8_forward
     from rlflow.config.validate import update_is_on_policy
 
     rc = cfg.algorithm.rollout_correction
@@ -70,6 +71,10 @@ def resolve_bypass_mode(cfg: Any) -> tuple[bool, str]:
         (float(arr.actor.tis_imp_ratio_cap) > 0, "actor.tis_imp_ratio_cap compares the two"),
         (bool(rollout.calculate_log_probs), "rollout.calculate_log_probs=true (the agreement is logged)"),
         (update_is_on_policy(cfg), "an on-policy update (its own forward gives them exactly)"),
+        (
+            fp8_forward(cfg) != rollout_fp8_forward(cfg),
+            "the actor's fsdp_config.fp8 and rollout.quantization differ (FP8 numerics on one side)",
+        ),
         (
             str(arr.actor.router_replay.mode) == "R2",
             "actor.router_replay.mode=R2 (the pass records the routing the update replays)",

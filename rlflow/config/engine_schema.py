@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "FSDPConfig",
+    "Fp8Section",
     "MegatronConfig",
     "MixedPrecisionSection",
     "OptimConfig",
@@ -72,6 +73,23 @@ class MixedPrecisionSection:
 
 
 @dataclass
+class Fp8Section:
+    """``*.fsdp_config.fp8``: the linear layers of the role's decoder layers (experts included) with FP8
+    numerics, Transformer Engine's recipes emulated (`rlflow.models.fp8`: each GEMM operand on its FP8
+    grid, FP32 products; slower than the plain dtype, not faster). The embeddings, the heads, the routers
+    and the attention products keep the compute dtype.
+
+    Attributes:
+        format: None (off) | ``e4m3`` | ``hybrid`` (E4M3 forward operands, E5M2 gradients).
+        recipe: ``tensorwise`` (one current scale per tensor) | ``blockwise`` (128 x 128 weight blocks,
+            1 x 128 activation and gradient blocks) | ``mxfp8`` (1 x 32 blocks, power-of-two scales).
+    """
+
+    format: str | None = None
+    recipe: str = "blockwise"
+
+
+@dataclass
 class WrapPolicySection:
     """``*.fsdp_config.wrap_policy`` (verl's keys): rlflow makes every decoder layer one FSDP unit and
     the root one more (`rlflow.parallel.fsdp.apply_fsdp`).
@@ -102,6 +120,7 @@ class FSDPConfig:
             bf16 (verl's key: halves the weights' and the optimizer state's memory, bf16 updates);
             ``mixed_precision.param_dtype`` sets the compute dtype.
         wrap_policy: the FSDP units (`WrapPolicySection`).
+        fp8: FP8 numerics in the decoder layers (`Fp8Section`).
     """
 
     fsdp_size: int = -1
@@ -114,6 +133,7 @@ class FSDPConfig:
     model_dtype: str = "fp32"
     wrap_policy: WrapPolicySection = field(default_factory=WrapPolicySection)
     mixed_precision: MixedPrecisionSection = field(default_factory=MixedPrecisionSection)
+    fp8: Fp8Section = field(default_factory=Fp8Section)
 
 
 @dataclass

@@ -40,7 +40,12 @@ flash attention, MoE dispatch, pipeline stage split)       computes, not what
 ``override_transformer_config.                             ``0`` only (no aux-loss-free bias update)
 moe_router_bias_update_rate``
 ``override_transformer_config.dsa_indexer_loss_coeff``,   their off values only (0 / null); the other
-``mtp_num_layers``, ``fp8``, ``fp8_recipe``                ``mtp_*`` keys dropped, logged
+``mtp_num_layers``                                         ``mtp_*`` keys dropped, logged
+``override_transformer_config.fp8`` / ``fp8_recipe``       ``<role>.fsdp_config.fp8.format`` / ``recipe``
+                                                           (actor, critic: TE's recipes emulated,
+                                                           `rlflow.models.fp8`; ``delayed`` refused, and
+                                                           so ``fp8`` without a recipe); the optimizer's
+                                                           ``fp8_recipe`` dropped, logged
 ``override_transformer_config.                             ``aux_loss`` (rlflow's load-balancing loss) or
 moe_router_load_balancing_type``                           ``none`` without an aux-loss coefficient
 ``actor.optim.override_optimizer_config.                   ``actor_rollout_ref.actor.fsdp_config.
@@ -69,6 +74,7 @@ import logging
 from collections.abc import Iterable
 
 from rlflow.config.override_syntax import check_produced, note_once, parse_bool, split_override, unquote
+from rlflow.models.fp8 import FP8_FORMATS, FP8_RECIPES
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +102,7 @@ _GC_KEY = {
     ACTOR: "actor_rollout_ref.model.enable_gradient_checkpointing",
     CRITIC: "critic.model.enable_gradient_checkpointing",
 }
+_FP8_KEY = {ACTOR: f"{ACTOR}.fsdp_config.fp8", CRITIC: f"{CRITIC}.fsdp_config.fp8"}
 _RMPAD_KEY = {
     ACTOR: "actor_rollout_ref.model.use_remove_padding",
     REF: "actor_rollout_ref.model.use_remove_padding",
@@ -305,6 +312,7 @@ def rewrite_megatron_overrides(overrides: Iterable[str]) -> list[str]:
     out: list[str] = []
     late: list[str] = []  # optimizer offload asked by Megatron's optimizer: after the role's own switch
     produced: dict[str, tuple[str, str]] = {}  # rlflow key -> (the Megatron override that set it, value)
+    fp8_roles: list[str] = []  # roles given an FP8 format by Megatron's key
     for item in overrides:
         if item.startswith("-") or "=" not in item:
             out.append(item)
@@ -323,12 +331,15 @@ def rewrite_megatron_overrides(overrides: Iterable[str]) -> list[str]:
                 new_key, _, new_value = override.partition("=")
                 if new_key in _PRODUCED_SWITCHES:
                     produced.setdefault(new_key, (f"{key}={value}", new_value))
+                if new_key.endswith(".fp8.format"):
+                    fp8_roles.append(role)
             out.extend(new)
         elif key.startswith(f"{_OPTIM}.") and prefix != "~":
             late.extend(_optimizer_key(key.removeprefix(f"{_OPTIM}."), value))
         else:
             out.append(item)
     out.extend(late)
+    _check_fp8_recipe_given(out, fp8_roles)
     check_produced(
         out,
         produced,
@@ -396,12 +407,7 @@ def _transformer_key(role: str, sub: str, value: str, aux_on: bool = False) -> l
             raise ValueError(f"{key}={value}: {_ZERO_ONLY[sub]}: set 0 or drop the key")
         return []
     if sub in ("fp8", "fp8_recipe"):
-        if value.lower() not in (*_NULL, "false"):
-            raise ValueError(
-                f"{key}={value}: fp8 training is not supported: drop the key (rlflow computes in "
-                "fsdp_config.mixed_precision.param_dtype)"
-            )
-        return []
+        return _fp8_key(role, sub, key, value)
     if sub == "moe_router_load_balancing_type":
         return _load_balancing(key, value, aux_on)
     if sub == "recompute_granularity":
@@ -429,6 +435,44 @@ def _transformer_key(role: str, sub: str, value: str, aux_on: bool = False) -> l
         f"{key}: a Megatron transformer option rlflow has no meaning for; drop it (the ones rlflow reads: "
         f"{sorted({*KERNEL_SWITCHES, *_ZERO_ONLY, *_ROUTER_LOSSES, *_RECOMPUTE})})"
     )
+
+
+def _fp8_key(role: str, sub: str, key: str, value: str) -> list[str]:
+    """``override_transformer_config.fp8`` / ``fp8_recipe`` onto ``<role>.fsdp_config.fp8.format`` /
+    ``recipe`` (`rlflow.models.fp8`: Transformer Engine's recipes, emulated)."""
+    if value.lower() in (*_NULL, "false"):
+        return []
+    if role not in _FP8_KEY:
+        raise ValueError(
+            f"{key}={value}: rlflow's FP8 numerics are the actor's and the critic's (fsdp_config.fp8); the "
+            "reference computes in its dtype: drop the key"
+        )
+    if sub == "fp8":
+        if value not in FP8_FORMATS:
+            raise ValueError(f"{key}={value}: the FP8 formats rlflow emulates are {list(FP8_FORMATS)}")
+        _note(key, f"{key}={value} is read as {_FP8_KEY[role]}.format={value} (FP8 numerics, emulated)")
+        return [f"{_FP8_KEY[role]}.format={value}"]
+    if value == "delayed":
+        raise ValueError(
+            f"{key}=delayed: Transformer Engine's delayed scaling (scales from an amax history of earlier "
+            "iterations) is not emulated; set tensorwise (current scaling), blockwise or mxfp8"
+        )
+    if value not in FP8_RECIPES:
+        raise ValueError(f"{key}={value}: the FP8 recipes rlflow emulates are {list(FP8_RECIPES)}")
+    return [f"{_FP8_KEY[role]}.recipe={value}"]
+
+
+def _check_fp8_recipe_given(out: list[str], roles: list[str]) -> None:
+    """Megatron's ``fp8_recipe`` defaults to ``delayed``, which rlflow does not emulate: a role given an FP8
+    format by Megatron's ``fp8`` key needs the recipe on the command line too."""
+    keys = {split_override(item)[1] for item in out if "=" in item}
+    for role in roles:
+        if f"{_FP8_KEY[role]}.recipe" not in keys:
+            raise ValueError(
+                f"{role}.megatron.override_transformer_config.fp8 without fp8_recipe: Megatron's default "
+                "recipe is delayed scaling, which rlflow does not emulate; set "
+                f"{role}.megatron.override_transformer_config.fp8_recipe to tensorwise, blockwise or mxfp8"
+            )
 
 
 def _aux_loss_on(overrides: list[str]) -> bool:
@@ -505,7 +549,11 @@ def _optimizer_key(sub: str, value: str) -> list[str]:
         return []
     if sub == "fp8_recipe":
         if value.lower() not in _NULL:
-            raise ValueError(f"{key}={value}: fp8 optimizer states are not supported; drop the key")
+            _note(
+                key,
+                f"config key {key}={value} changes nothing: Megatron's optimizer reads it for FP8 parameters "
+                "(fp8_param), and rlflow's optimizer updates the weights in fsdp_config.model_dtype",
+            )
         return []
     inert = sorted(k.removeprefix(f"{_OPTIM}.") for k in MEGATRON_INERT_FLAGS if k.startswith(_OPTIM))
     raise ValueError(

@@ -97,6 +97,9 @@ class RolloutSection:
         free_cache_engine: hf: drop the gathered generation replica after each call (true) or keep its
             memory for the next one; vllm: sleep the engine between calls.
         dtype: dtype of the generation replica / vLLM engine; None = the actor's parameter dtype.
+        quantization: None, or ``fp8``: the hf engine decodes with FP8 numerics, verl's FP8 rollout
+            (DeepSeek's block scaling: weights in 128 x 128 blocks quantized at each weight sync,
+            activations in 1 x 128 blocks per token; `rlflow.models.fp8`, emulated in FP32).
         tensor_model_parallel_size: vllm: tensor-parallel size of the engine.
         data_parallel_size / expert_parallel_size: verl's engine-internal data / expert parallelism;
             1 only (each actor rank runs its own engine, so the rollout is data-parallel over the
@@ -139,6 +142,7 @@ class RolloutSection:
     val_kwargs: ValKwargsSection = field(default_factory=ValKwargsSection)
     free_cache_engine: bool = True
     dtype: str | None = None
+    quantization: str | None = None
     tensor_model_parallel_size: int = 1
     data_parallel_size: int = 1
     expert_parallel_size: int = 1

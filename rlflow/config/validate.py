@@ -49,6 +49,7 @@ from rlflow.config.checks import (
 )
 from rlflow.config.correction_checks import check_rollout_correction
 from rlflow.config.file_checks import check_data_tokenizer, check_files, check_user_code
+from rlflow.config.fp8_checks import check_fp8
 from rlflow.config.lora_checks import check_lora
 from rlflow.config.loss_checks import check_policy_loss
 from rlflow.config.megatron_checks import check_megatron, check_router_replay_settings
@@ -584,6 +585,7 @@ def validate_config(
     _check_actor(cfg)
     check_lora(cfg)
     check_rollout(cfg)
+    check_fp8(cfg)
     _check_critic(cfg)
     check_reward_model(cfg)
     check_filter_groups(cfg)

@@ -94,13 +94,7 @@ DEFAULT_ONLY: dict[str, tuple[tuple[str, ...], str]] = {
         "with method='flexible') in a custom_reward_function, or pass custom_reward_function.reward_kwargs to "
         "your own",
     ),
-    **{
-        key: (_NULL, _QUANTIZED)
-        for key in (
-            "actor_rollout_ref.rollout.quantization",
-            "actor_rollout_ref.rollout.quantization_config_file",
-        )
-    },
+    "actor_rollout_ref.rollout.quantization_config_file": (_NULL, _QUANTIZED),
     "data.continuous_token.enable": (
         _FALSE,
         "verl's continuous-token mode keeps a multi-turn agent rollout's token ids across turns; rlflow's "

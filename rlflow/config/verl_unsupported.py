@@ -10,8 +10,8 @@ from __future__ import annotations
 __all__ = ["MEGATRON_ADVICE", "QUANTIZED_ADVICE", "VERL_UNSUPPORTED", "unsupported_advice"]
 
 QUANTIZED_ADVICE = (
-    "a quantized rollout engine (vLLM with fp8 / torchao weights) is not supported: drop the key; the rollout "
-    "computes in actor_rollout_ref.rollout.dtype (null = the actor's precision)"
+    "a quantization config file (torchao / ModelOpt weights) is not supported: drop the key; "
+    "actor_rollout_ref.rollout.quantization=fp8 is rlflow's FP8 rollout (block scaling, the hf engine)"
 )
 MEGATRON_ADVICE = (
     "rlflow trains on FSDP: on the command line strategy=megatron is read as fsdp2 together with the "
@@ -19,7 +19,6 @@ MEGATRON_ADVICE = (
 )
 
 VERL_UNSUPPORTED: dict[str, str] = {
-    "actor_rollout_ref.rollout.quantization": QUANTIZED_ADVICE,
     "actor_rollout_ref.rollout.quantization_config_file": QUANTIZED_ADVICE,
     "trainer.bench_steps": (
         "rlflow has no such key: every step logs its phase times (timing_s/*), and trainer.profile_steps "

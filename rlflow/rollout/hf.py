@@ -9,7 +9,11 @@ How one ``generate_sequences`` call runs:
    bucket (`rlflow.parallel.weight_buckets`); FSDP1 ones inside ``FSDP.summon_full_params``. Decoding then
    runs on the replica with no collectives, so ranks with different prompts, micro-batch counts and
    stopping times never wait for each other. ``free_cache_engine`` drops the replica after the call
-   (True) or keeps its memory for the next one (False).
+   (True) or keeps its memory for the next one (False). With FP8 on either side (``quantization=fp8``,
+   or an actor whose layers compute in FP8, `rlflow.models.fp8`) a plain module decodes through a replica
+   too, so the rollout's numerics are ``quantization``'s: with ``fp8`` the replica's decoder linear
+   layers hold their weights' FP8 values (128 x 128 blocks, quantized once per weight sync) and quantize
+   each token's activations in 1 x 128 blocks, verl's FP8 rollout, emulated in FP32.
 2. **Decoding** (`rlflow.rollout.decoding.decode`). Our own loop over a KV cache: one prefill forward over the (left-padded,
    common-padding-trimmed) prompts, then one forward per new token. Finished rows emit the pad id.
    The ``n`` samples of a prompt share its prefill (one forward per prompt, then its KV cache is
@@ -45,6 +49,7 @@ from torch.distributed.tensor import DTensor
 
 from rlflow.models.attention import GENERATION_ATTENTION
 from rlflow.models.cpu_linear import install_onednn_linear, uses_onednn_linear
+from rlflow.models.fp8 import Fp8Recipe, install_fp8, quantize_fp8_weights_
 from rlflow.models.lora import LoRALinear, merge_lora_weights
 from rlflow.models.router_replay import RouterReplay
 from rlflow.parallel.distributed import get_rank
@@ -255,6 +260,9 @@ class HFRollout(BaseRollout):
         self.tokenizer = tokenizer
         self.dp_rank = get_rank() if dp_rank is None else dp_rank
         self.sharded = _is_sharded(module)
+        self.fp8 = Fp8Recipe("e4m3", "blockwise") if config.quantization == "fp8" else None
+        trains_in_fp8 = any(hasattr(m, "fp8_recipe") for m in module.modules())
+        self.uses_replica = self.sharded or self.fp8 is not None or trains_in_fp8
         self.replica: nn.Module | None = None
         self._num_calls = 0
         warn_unread_engine_kwargs(config, "hf")
@@ -297,14 +305,18 @@ class HFRollout(BaseRollout):
 
         Collective for sharded modules (all ranks enter together); the decoding inside is not.
         """
-        if not self.sharded:
+        if not self.uses_replica:
             with _eval_mode(self.module) as model:
                 yield model
             return
         start = time.perf_counter()
         if self.replica is None:
             self.replica = build_generation_replica(self.module, self._replica_dtype())
+            if self.fp8 is not None:
+                install_fp8(self.replica, self.fp8)
         sync_replica_weights(self.module, self.replica, self.config.update_weights_bucket_megabytes * MIB)
+        if self.fp8 is not None:
+            quantize_fp8_weights_(self.replica)
         self.last_weight_sync_s = time.perf_counter() - start
         try:
             yield self.replica

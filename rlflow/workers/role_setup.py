@@ -20,6 +20,7 @@ from tensordict import TensorDict
 from rlflow.config.schema import FSDPConfig, PPOTrainerConfig
 from rlflow.models.attention import set_packed_attention
 from rlflow.models.cpu_linear import install_onednn_linear, resolve_cpu_linear_kernel
+from rlflow.models.fp8 import Fp8Recipe, install_fp8
 from rlflow.models.fused_head import install_fused_head
 from rlflow.models.loader import load_causal_lm, load_tokenizer, load_value_model, meta_model
 from rlflow.models.lora import LoRASpec, inject_lora, output_head
@@ -227,7 +228,9 @@ def build_role_module(
     fresh head, seeded by ``seed``, with dropout off (``classifier_dropout=0``) so that packed and padded
     forwards agree in train mode. The weights are kept (and updated) in ``fsdp_config.model_dtype``;
     ``mixed_precision.param_dtype`` is what the forward computes in. With ``layout.cpu_linear_kernel``
-    resolved to ``onednn`` the linear layers compute through oneDNN (`rlflow.models.cpu_linear`).
+    resolved to ``onednn`` the linear layers compute through oneDNN (`rlflow.models.cpu_linear`); with
+    ``fsdp_config.fp8.format`` set, the decoder layers' linear layers compute with FP8 numerics
+    (`rlflow.models.fp8`).
     """
     model_cfg = layout.model
     path = model_path(model_cfg)
@@ -240,6 +243,11 @@ def build_role_module(
         resolve_cpu_linear_kernel(layout.cpu_linear_kernel, current_device().type, torch.get_num_threads())
         == "onednn"
     )
+    fp8 = None
+    fp8_section = getattr(layout.fsdp, "fp8", None)  # the actor's and the critic's (the reference has none)
+    if fp8_section is not None:
+        fp8_format, fp8_recipe = fp8_section.format, fp8_section.recipe  # both read always
+        fp8 = None if fp8_format is None else Fp8Recipe(fp8_format, fp8_recipe)
 
     def load_fn(device: torch.device) -> torch.nn.Module:
         if device.type == "meta":
@@ -270,6 +278,8 @@ def build_role_module(
             install_fused_head(model)
         if onednn:  # after LoRA and the fused head, which keep their own classes
             install_onednn_linear(model)
+        if fp8 is not None:  # after oneDNN: the FP8 layers compute their own products
+            install_fp8(model, fp8)
         check_layer_classes(model, layout)
         return model
 

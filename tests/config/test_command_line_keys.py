@@ -35,7 +35,7 @@ def test_unknown_override_key_is_refused_with_the_closest_keys(override: str, me
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("actor_rollout_ref.rollout.quantization=torchao", "a quantized rollout engine"),
+        ("actor_rollout_ref.rollout.quantization=torchao", "null or fp8 (verl's FP8 rollout"),
         (
             "reward_model.sandbox_fusion_url=ftp://x",  # verl's older key of reward_model.sandbox_fusion.url
             "reward_model.sandbox_fusion.url='ftp://x' must be an http:// or https:// URL",
@@ -447,10 +447,20 @@ def test_more_of_verls_current_script_spellings():
             config_name="demo_two_ranks",
         )
     )
+    # verl's FP8 rollout is a key of rlflow's ('+' accepted), a quantization config file is not
+    assert (
+        load_config(["+actor_rollout_ref.rollout.quantization=fp8"], config_name="demo_two_ranks")[
+            "actor_rollout_ref"
+        ]["rollout"]["quantization"]
+        == "fp8"
+    )
     with pytest.raises(
-        ValueError, match=r"^actor_rollout_ref\.rollout\.quantization='fp8': a quantized rollout"
+        ValueError,
+        match=r"^actor_rollout_ref\.rollout\.quantization_config_file='q\.json': a quantization config",
     ):
-        load_config(["+actor_rollout_ref.rollout.quantization=fp8"], config_name="demo_two_ranks")
+        load_config(
+            ["+actor_rollout_ref.rollout.quantization_config_file=q.json"], config_name="demo_two_ranks"
+        )
 
 
 def test_verls_prefix_tree_trainer_v1_and_vision_keys():

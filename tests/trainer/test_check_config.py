@@ -239,3 +239,60 @@ def test_verls_null_placeholders_keep_rlflows_defaults():
     assert ported.actor_rollout_ref.actor.optim.lr_scheduler_type == "cosine"
     assert ported.data.seed == 1 and ported.data.gen_batch_size == ported.data.train_batch_size
     assert check_config([*base, "data.seed=7"], "demo").data.seed == 7  # a value still counts
+
+
+def test_fp8_settings_are_read_onto_rlflows_keys_and_checked_before_ray():
+    """verl's DeepSeek-V4 spelling (Megatron's fp8 / fp8_recipe, the optimizer's recipe, the FP8 rollout) maps
+    onto ``fsdp_config.fp8`` and ``rollout.quantization``; what rlflow does not emulate is refused naming the key;
+    the old-log-prob pass stays whenever one side computes in FP8 and the other does not."""
+    from rlflow.config.correction_checks import resolve_bypass_mode
+
+    megatron = "+actor_rollout_ref.actor.megatron.override_transformer_config"
+    cfg = check_config(
+        [
+            f"{megatron}.fp8=hybrid",
+            f"{megatron}.fp8_recipe=mxfp8",
+            "+actor_rollout_ref.actor.optim.override_optimizer_config.fp8_recipe=mxfp8",
+            "+critic.megatron.override_transformer_config.fp8=e4m3",
+            "+critic.megatron.override_transformer_config.fp8_recipe=tensorwise",
+        ],
+        "demo",
+    )
+    assert (
+        cfg.actor_rollout_ref.actor.fsdp_config.fp8.format,
+        cfg.actor_rollout_ref.actor.fsdp_config.fp8.recipe,
+    ) == (
+        "hybrid",
+        "mxfp8",
+    )
+    assert (cfg.critic.fsdp_config.fp8.format, cfg.critic.fsdp_config.fp8.recipe) == ("e4m3", "tensorwise")
+
+    refused = {
+        f"{megatron}.fp8=e4m3": "Megatron's default recipe is delayed",
+        f"{megatron}.fp8_recipe=delayed": "delayed scaling",
+        "+actor_rollout_ref.ref.megatron.override_transformer_config.fp8=e4m3": "the reference computes in its dtype",
+        "actor_rollout_ref.actor.fsdp_config.fp8.format=e5m2": "fp8.format='e5m2'",
+        "critic.fsdp_config.fp8.recipe=custom": "fp8.recipe='custom'",
+        "actor_rollout_ref.rollout.quantization=int8": "rollout.quantization='int8'",
+    }
+    for override, message in refused.items():
+        with pytest.raises(ValueError, match=re.escape(message)):
+            check_config([override], "demo")
+    with pytest.raises(ValueError, match="rlflow's FP8 rollout is the hf engine's"):
+        check_config(
+            ["actor_rollout_ref.rollout.quantization=fp8", "actor_rollout_ref.rollout.name=vllm"], "demo"
+        )
+    with pytest.raises(ValueError, match="LoRA adapters on the same role"):
+        check_config(
+            ["actor_rollout_ref.actor.fsdp_config.fp8.format=e4m3", "actor_rollout_ref.model.lora_rank=4"],
+            "demo",
+        )
+
+    # two epochs, fp32, hf engine: bypass_mode=null skips the pass exactly when both sides share the numerics
+    base = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.ppo_epochs=2"]
+    actor_fp8 = "actor_rollout_ref.actor.fsdp_config.fp8.format=e4m3"
+    rollout_fp8 = "actor_rollout_ref.rollout.quantization=fp8"
+    assert resolve_bypass_mode(check_config([*base, actor_fp8, rollout_fp8], "demo"))[0] is True
+    for one_side in (actor_fp8, rollout_fp8):
+        bypass, why = resolve_bypass_mode(check_config([*base, one_side], "demo"))
+        assert bypass is False and "fsdp_config.fp8 and rollout.quantization differ" in why
