@@ -12,6 +12,7 @@ verl                                        rlflow
 parallel_size`` (verl's engine config)       reference, critic; ``critic.model.fsdp_config.*`` too)
 ``critic.model.fsdp_config.*``              ``critic.fsdp_config.*``
 ``critic.fsdp.*`` (verl's engine config)    ``critic.fsdp_config.*``
+``actor.fsdp_config.qat.*``                 ``actor.qat.*`` (QAT, `rlflow.models.qat`)
 ``reward_model.model_path``                 ``reward_model.model.path``
 ``actor.policy_loss.tau_{pos,neg}`` (a verl  ``actor.tau_pos`` / ``actor.tau_neg`` (SAPO)
 SAPO script)
@@ -139,6 +140,7 @@ KEY_ALIASES: dict[str, str] = {
     "critic.model.fsdp_config.ulysses_sequence_parallel_size": "critic.ulysses_sequence_parallel_size",
     "critic.model.fsdp_config": "critic.fsdp_config",
     "critic.fsdp": "critic.fsdp_config",
+    "actor_rollout_ref.actor.fsdp_config.qat": "actor_rollout_ref.actor.qat",
     "reward_model.model_path": "reward_model.model.path",
     "reward_model.rollout": "reward_model.inference",
     "ray_kwargs.ray_init": "ray_init",

@@ -6,12 +6,17 @@ device from its HF config (no weights read) when a key acts on its modules, and
 * ``tiled_mlp.enabled``: every decoder layer must hold a dense ``mlp`` block
   (`rlflow.models.tiled_mlp.install_tiled_mlp`; mixture-of-experts blocks are refused);
 * ``actor.router_replay.mode`` R2 / R3: the actor's model must have router modules that routing replay
-  finds (`rlflow.models.router_replay.moe_routers`).
+  finds (`rlflow.models.router_replay.moe_routers`);
+* ``fsdp_config.fp8`` and ``actor.qat``: the layers they quantize must exist and be reachable
+  (`rlflow.models.fp8.install_fp8`, `rlflow.models.qat.install_qat`: routed experts for
+  ``mxfp4_experts``, no fused LM head left to NVFP4).
 
 `rlflow.trainer.main_ppo.prepare_config` runs it once the model paths are resolved.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -45,15 +50,19 @@ def check_role_architectures(cfg: DictConfig, critic: bool) -> dict[str, dict[st
     if critic:
         roles.append(("critic", CRITIC_MODEL, "value", cfg.critic.model))
     adapters: dict[str, dict[str, int]] = {}
-    replay = str(cfg.actor_rollout_ref.actor.router_replay.mode)
+    actor = cfg.actor_rollout_ref.actor
+    replay = str(actor.router_replay.mode)
     for role, key, kind, model in roles:
         spec = lora_spec(model, key)
         tiled = bool(model.tiled_mlp.enabled)
         routed = role == "actor" and replay != "disabled"
-        if spec is None and not tiled and not routed:
+        fp8 = (actor if role == "actor" else cfg.critic).fsdp_config.fp8
+        qat = role == "actor" and bool(actor.qat.enable)
+        if spec is None and not tiled and not routed and fp8.format is None and not qat:
             continue
         overrides = dict(model.override_config or {})
         built = meta_model(kind, str(model.path), bool(model.trust_remote_code), overrides)
+        _check_quantized_layers(built, role, fp8, actor.qat if qat else None, model)
         if routed and not moe_routers(built):
             raise ValueError(
                 f"actor_rollout_ref.actor.router_replay.mode={replay}: {type(built).__name__} has no router module "
@@ -64,3 +73,26 @@ def check_role_architectures(cfg: DictConfig, critic: bool) -> dict[str, dict[st
         if tiled:
             install_tiled_mlp(built, int(model.tiled_mlp.num_shards), f"{key}.tiled_mlp")
     return adapters
+
+
+def _check_quantized_layers(built: Any, role: str, fp8: Any, qat: Any, model: Any) -> None:
+    """FP8 and QAT installed on the role's ``meta`` model as its worker installs them (ValueError naming the
+    key when a layer they need is missing or out of their reach)."""
+    from rlflow.models.fp8 import Fp8Recipe, install_fp8
+    from rlflow.models.fused_head import install_fused_head
+    from rlflow.models.qat import QATSpec, install_qat
+
+    prefix = "actor_rollout_ref.actor" if role == "actor" else "critic"
+    if fp8.format is not None:
+        try:
+            install_fp8(built, Fp8Recipe(str(fp8.format), str(fp8.recipe)))
+        except ValueError as err:
+            raise ValueError(f"{prefix}.fsdp_config.fp8.format={fp8.format}: {err}") from None
+    if qat is None:
+        return
+    if getattr(model, "use_fused_kernels", False):
+        install_fused_head(built)
+    try:
+        install_qat(built, QATSpec(str(qat.mode), int(qat.group_size), tuple(qat.ignore_patterns)))
+    except ValueError as err:
+        raise ValueError(f"actor_rollout_ref.actor.qat.mode={qat.mode}: {err}") from None

@@ -53,7 +53,7 @@ def resolve_bypass_mode(cfg: Any) -> tuple[bool, str]:
     Returns:
         ``(bypass, reason)``: the decision and the setting or condition that made it.
     """
-    from rlflow.config.fp8_checks import fp8_forward, rollout_fp8_forward
+    from rlflow.config.quantization_checks import fp8_forward, rollout_fp8_forward
     from rlflow.config.validate import update_is_on_policy
 
     rc = cfg.algorithm.rollout_correction

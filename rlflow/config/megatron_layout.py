@@ -56,6 +56,10 @@ optimizer_cpu_offload=true``                               optimizer_offload=tru
                                                            use_remove_padding`` (Megatron's packed format)
 ``megatron.{use_distributed_optimizer,sequence_parallel,   dropped, logged: how Megatron shards the optimizer
 use_megatron_fsdp}``                                       and the activations (FSDP2 shards both)
+``actor.megatron.qat.*``                                   ``actor_rollout_ref.actor.qat.*`` (QAT,
+                                                           `rlflow.models.qat`); ``bypass_te_fp8_assert``
+                                                           dropped, logged; the reference's and critic's
+                                                           ``enable`` false only
 ``actor.megatron.router_replay.*``                         ``actor_rollout_ref.actor.router_replay.*`` (routing
                                                            replay, `rlflow.models.router_replay`); the
                                                            reference's and critic's at their off values only
@@ -290,6 +294,7 @@ _ROLE_KEYS = (
     "use_distributed_optimizer",
     "sequence_parallel",
     "use_megatron_fsdp",
+    "qat.*",
     "router_replay.*",
     "override_transformer_config.*",
 )
@@ -369,6 +374,8 @@ def _role_key(role: str, sub: str, value: str, aux_on: bool = False) -> list[str
         return _transformer_key(role, sub.removeprefix("override_transformer_config."), value, aux_on)
     if sub.startswith("router_replay."):
         return _router_replay_key(role, sub.removeprefix("router_replay."), value)
+    if sub.startswith("qat."):
+        return _qat_key(role, sub.removeprefix("qat."), value)
     raise ValueError(
         f"{key}: not one of the Megatron keys rlflow reads onto FSDP2 ({sorted(_ROLE_KEYS)}); drop it "
         "(docs/migrating_from_verl.md, verl's Megatron scripts)"
@@ -435,6 +442,41 @@ def _transformer_key(role: str, sub: str, value: str, aux_on: bool = False) -> l
         f"{key}: a Megatron transformer option rlflow has no meaning for; drop it (the ones rlflow reads: "
         f"{sorted({*KERNEL_SWITCHES, *_ZERO_ONLY, *_ROUTER_LOSSES, *_RECOMPUTE})})"
     )
+
+
+_QAT_KEYS = (
+    "enable",
+    "mode",
+    "group_size",
+    "ignore_patterns",
+    "activation_observer",
+    "quantization_config_path",
+)
+
+
+def _qat_key(role: str, sub: str, value: str) -> list[str]:
+    """``<role>.megatron.qat.<sub>``: the actor's onto ``actor_rollout_ref.actor.qat.<sub>`` (`rlflow.models.
+    qat`); ModelOpt's ``bypass_te_fp8_assert`` dropped; the reference's and critic's off only."""
+    key = f"{role}.megatron.qat.{sub}"
+    if sub == "bypass_te_fp8_assert":
+        parse_bool(key, value)
+        _note(
+            key,
+            f"config key {key}={value} changes nothing: ModelOpt's guard against quantizers under Transformer "
+            "Engine's FP8; rlflow's FP8 layers quantize the QAT weight as they are",
+        )
+        return []
+    if sub not in _QAT_KEYS:
+        raise ValueError(f"{key}: not one of verl's QAT keys ({list(_QAT_KEYS)}, bypass_te_fp8_assert)")
+    if role == ACTOR:
+        return [f"{ACTOR}.qat.{sub}={value}"]
+    if sub == "enable" and parse_bool(key, value):
+        raise ValueError(
+            f"{key}=true: QAT is the actor's (actor_rollout_ref.actor.qat); the reference quantizes its weights "
+            "as the actor does, and the critic trains in full precision: drop the key"
+        )
+    _note(key, f"config key {key}={value} changes nothing: QAT is the actor's (actor_rollout_ref.actor.qat)")
+    return []
 
 
 def _fp8_key(role: str, sub: str, key: str, value: str) -> list[str]:

@@ -292,6 +292,32 @@ class RouterReplayConfig:
 
 
 @dataclass
+class QATConfig:
+    """``actor_rollout_ref.actor.qat``: quantization-aware training of 4-bit weights (verl's keys, also
+    spelled ``actor.fsdp_config.qat.*`` and ``actor.megatron.qat.*``; `rlflow.models.qat`). The forward
+    sees the quantized weights, the gradient updates the full-precision ones, and the rollout decodes with
+    the quantized weights.
+
+    Attributes:
+        enable: QAT on.
+        mode: w4a16 (NVFP4 weights: blocks of ``group_size`` with E4M3 scales) | mxfp4_experts (MXFP4 routed
+            experts: blocks of 32, power-of-two scales); verl's w4a4 (activations too) is refused.
+        group_size: NVFP4's block: 16 only.
+        ignore_patterns: module names left in full precision (``re:<regex>`` or a name pattern).
+        activation_observer: how w4a4 observes activation scales: its default only (w4a16 quantizes none).
+        quantization_config_path: verl's vLLM quantization config: null only (the hf rollout gets the
+            quantized weights at each weight sync).
+    """
+
+    enable: bool = False
+    mode: str = "w4a16"
+    group_size: int = 16
+    ignore_patterns: list[str] = field(default_factory=lambda: ["lm_head", "embed_tokens", "re:.*mlp.gate$"])
+    activation_observer: str = "static_minmax"
+    quantization_config_path: str | None = None
+
+
+@dataclass
 class ActorConfig:
     """``actor_rollout_ref.actor``: the PPO policy update (verl key names).
 
@@ -317,6 +343,7 @@ class ActorConfig:
             weighted by its share of the mini-batch's tokens; 0 = off. Needs a Hugging Face MoE model
             (``output_router_logits``) and Ulysses SP 1.
         router_replay: replay of a mixture-of-experts actor's routing (`RouterReplayConfig`).
+        qat: quantization-aware training (`QATConfig`).
         use_torch_compile: the log-prob and entropy kernels on the logits run through ``torch.compile``
             (`rlflow.utils.logit_blocks`, verl's key); null = on CUDA only (verl's default there; on CPU
             inductor's C++ build costs ~20 s per process, more than the tiny model's kernels take).
@@ -357,6 +384,7 @@ class ActorConfig:
     profile_discrete: bool = False
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
+    qat: QATConfig = field(default_factory=QATConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)

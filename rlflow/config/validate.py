@@ -49,10 +49,10 @@ from rlflow.config.checks import (
 )
 from rlflow.config.correction_checks import check_rollout_correction
 from rlflow.config.file_checks import check_data_tokenizer, check_files, check_user_code
-from rlflow.config.fp8_checks import check_fp8
 from rlflow.config.lora_checks import check_lora
 from rlflow.config.loss_checks import check_policy_loss
 from rlflow.config.megatron_checks import check_megatron, check_router_replay_settings
+from rlflow.config.quantization_checks import check_fp8, check_qat
 from rlflow.config.resource_checks import check_local_resources
 from rlflow.config.reward_checks import check_filter_groups, check_pf_ppo, check_reward_model
 from rlflow.config.rollout_checks import ROLLOUT_NAMES, check_rollout
@@ -586,6 +586,7 @@ def validate_config(
     check_lora(cfg)
     check_rollout(cfg)
     check_fp8(cfg)
+    check_qat(cfg)
     _check_critic(cfg)
     check_reward_model(cfg)
     check_filter_groups(cfg)

@@ -17,6 +17,15 @@ import logging
 from rlflow.config.override_syntax import note_once, unquote
 from rlflow.config.verl_unsupported import QUANTIZED_ADVICE as _QUANTIZED
 
+_QAT_KEYS = (
+    "enable",
+    "mode",
+    "group_size",
+    "ignore_patterns",
+    "activation_observer",
+    "quantization_config_path",
+)
+
 __all__ = ["DEFAULT_ONLY", "INERT_ANY", "NULL_IS_UNSET", "drop_default_only"]
 
 logger = logging.getLogger(__name__)
@@ -95,6 +104,10 @@ DEFAULT_ONLY: dict[str, tuple[tuple[str, ...], str]] = {
         "your own",
     ),
     "actor_rollout_ref.rollout.quantization_config_file": (_NULL, _QUANTIZED),
+    "actor_rollout_ref.ref.fsdp_config.qat.enable": (
+        _FALSE,
+        "the reference quantizes its weights as the actor's QAT does (actor_rollout_ref.actor.qat): drop the key",
+    ),
     "data.continuous_token.enable": (
         _FALSE,
         "verl's continuous-token mode keeps a multi-turn agent rollout's token ids across turns; rlflow's "
@@ -163,6 +176,19 @@ INERT_ANY: dict[str, str] = {
             "critic.fsdp_config",
             "critic.model.fsdp_config",
         )
+    },
+    **{
+        f"actor_rollout_ref.rollout.qat.{name}": (
+            "the rollout decodes with the actor's QAT weights (actor_rollout_ref.actor.qat), quantized at each "
+            "weight sync; verl's rollout.qat tells its vLLM worker whether to build quantizers itself"
+        )
+        for name in (*_QAT_KEYS, "bypass_te_fp8_assert")
+    },
+    **{
+        f"actor_rollout_ref.ref.fsdp_config.qat.{name}": (
+            "the reference quantizes its weights as the actor's QAT does (actor_rollout_ref.actor.qat)"
+        )
+        for name in _QAT_KEYS[1:]
     },
     "trainer.ray_wait_register_center_timeout": (
         "how long verl waits for its workers to register; rlflow's worker groups start under their own timeouts"

@@ -191,24 +191,28 @@ class Fp8Linear(nn.Linear):
 
     fp8_recipe: Fp8Recipe
     fp8_weight_quantized: bool = False
+    weight_transform: Any = None  # QAT's quantized weight (`rlflow.models.qat`), quantized again to FP8
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fp8_linear(x, self.weight, self.bias, self.fp8_recipe, self.fp8_weight_quantized)
+        weight = self.weight if self.weight_transform is None else self.weight_transform(self.weight)
+        return fp8_linear(x, weight, self.bias, self.fp8_recipe, self.fp8_weight_quantized)
 
 
 class _ExpertLinears(TorchFunctionMode):
     """Inside a mixture-of-experts block's experts: each ``F.linear`` (one expert's projection) through
     `fp8_linear`, as TE's grouped FP8 GEMM quantizes each expert's weight and tokens."""
 
-    def __init__(self, recipe: Fp8Recipe, weight_quantized: bool) -> None:
+    def __init__(self, recipe: Fp8Recipe, weight_quantized: bool, weight_transform: Any = None) -> None:
         super().__init__()
-        self.recipe, self.weight_quantized = recipe, weight_quantized
+        self.recipe, self.weight_quantized, self.weight_transform = recipe, weight_quantized, weight_transform
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func is F.linear:
             x, weight = args[0], args[1]
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            if self.weight_transform is not None:
+                weight = self.weight_transform(weight)
             return fp8_linear(x, weight, bias, self.recipe, self.weight_quantized)
         return func(*args, **kwargs)
 
@@ -226,7 +230,8 @@ def _wrap_experts(module: nn.Module, recipe: Fp8Recipe) -> None:
     inner = module.forward
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        with _ExpertLinears(recipe, bool(getattr(module, "fp8_weight_quantized", False))):
+        quantized = bool(getattr(module, "fp8_weight_quantized", False))
+        with _ExpertLinears(recipe, quantized, getattr(module, "weight_transform", None)):
             return inner(*args, **kwargs)
 
     module.forward = forward  # type: ignore[method-assign]

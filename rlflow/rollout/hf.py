@@ -13,7 +13,8 @@ How one ``generate_sequences`` call runs:
    or an actor whose layers compute in FP8, `rlflow.models.fp8`) a plain module decodes through a replica
    too, so the rollout's numerics are ``quantization``'s: with ``fp8`` the replica's decoder linear
    layers hold their weights' FP8 values (128 x 128 blocks, quantized once per weight sync) and quantize
-   each token's activations in 1 x 128 blocks, verl's FP8 rollout, emulated in FP32.
+   each token's activations in 1 x 128 blocks, verl's FP8 rollout, emulated in FP32. An actor trained
+   with QAT (`rlflow.models.qat`) decodes with its quantized weights (replaced at each weight sync).
 2. **Decoding** (`rlflow.rollout.decoding.decode`). Our own loop over a KV cache: one prefill forward over the (left-padded,
    common-padding-trimmed) prompts, then one forward per new token. Finished rows emit the pad id.
    The ``n`` samples of a prompt share its prefill (one forward per prompt, then its KV cache is
@@ -51,6 +52,7 @@ from rlflow.models.attention import GENERATION_ATTENTION
 from rlflow.models.cpu_linear import install_onednn_linear, uses_onednn_linear
 from rlflow.models.fp8 import Fp8Recipe, install_fp8, quantize_fp8_weights_
 from rlflow.models.lora import LoRALinear, merge_lora_weights
+from rlflow.models.qat import qat_quantize_weights_, qat_spec_of
 from rlflow.models.router_replay import RouterReplay
 from rlflow.parallel.distributed import get_rank
 from rlflow.parallel.weight_buckets import MIB
@@ -261,8 +263,9 @@ class HFRollout(BaseRollout):
         self.dp_rank = get_rank() if dp_rank is None else dp_rank
         self.sharded = _is_sharded(module)
         self.fp8 = Fp8Recipe("e4m3", "blockwise") if config.quantization == "fp8" else None
+        self.qat = qat_spec_of(module)
         trains_in_fp8 = any(hasattr(m, "fp8_recipe") for m in module.modules())
-        self.uses_replica = self.sharded or self.fp8 is not None or trains_in_fp8
+        self.uses_replica = self.sharded or self.fp8 is not None or trains_in_fp8 or self.qat is not None
         self.replica: nn.Module | None = None
         self._num_calls = 0
         warn_unread_engine_kwargs(config, "hf")
@@ -315,6 +318,8 @@ class HFRollout(BaseRollout):
             if self.fp8 is not None:
                 install_fp8(self.replica, self.fp8)
         sync_replica_weights(self.module, self.replica, self.config.update_weights_bucket_megabytes * MIB)
+        if self.qat is not None:  # the weights a deployment of the QAT checkpoint holds
+            qat_quantize_weights_(self.replica, self.qat)
         if self.fp8 is not None:
             quantize_fp8_weights_(self.replica)
         self.last_weight_sync_s = time.perf_counter() - start

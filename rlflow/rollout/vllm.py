@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlflow.models.qat import qat_spec_of, qat_weight_names, quantize_weight_stream
 from rlflow.models.router_replay import moe_routers, place_prompt_routing
 from rlflow.parallel.distributed import get_rank
 from rlflow.parallel.weight_buckets import MIB
@@ -203,6 +204,9 @@ class VLLMRollout(BaseRollout):
         """Push the actor's full weights into the engine (collective over the actor): gathered in buckets
         of ``update_weights_bucket_megabytes``, one collective each, handed to ``load_weights`` in order."""
         weights = full_weights(self.module, int(self.config.update_weights_bucket_megabytes) * MIB)
+        qat = qat_spec_of(self.module)
+        if qat is not None:  # an actor trained with QAT: the engine decodes with the quantized weights
+            weights = quantize_weight_stream(weights, qat_weight_names(self.module, qat), qat)
         if hasattr(self.engine, "apply_model"):
             self.engine.apply_model(lambda model: model.load_weights(weights=weights))
             return

@@ -25,6 +25,7 @@ from rlflow.models.fused_head import install_fused_head
 from rlflow.models.loader import load_causal_lm, load_tokenizer, load_value_model, meta_model
 from rlflow.models.lora import LoRASpec, inject_lora, output_head
 from rlflow.models.peft_adapter import apply_peft_adapter, lora_spec
+from rlflow.models.qat import QATSpec, install_qat
 from rlflow.models.tiled_mlp import install_tiled_mlp
 from rlflow.models.tiny import resolve_model_path
 from rlflow.parallel.dims import ParallelDims
@@ -96,6 +97,8 @@ class RoleLayout:
         lora: the LoRA adapters to add before sharding (a role with ``model.lora_rank > 0``; a value
             model's head trains in full beside them); None trains every weight.
         cpu_linear_kernel: ``trainer.cpu_linear_kernel`` (`rlflow.models.cpu_linear`): auto | aten | onednn.
+        qat: the actor's quantization-aware training (`rlflow.models.qat`), the reference's too (its
+            forward sees its weights quantized the same way); None = off.
     """
 
     key_prefix: str
@@ -106,6 +109,7 @@ class RoleLayout:
     timeout_s: float | None = None
     lora: LoRASpec | None = None
     cpu_linear_kernel: str = "aten"
+    qat: QATSpec | None = None
 
 
 def model_key(layout: RoleLayout) -> str:
@@ -127,13 +131,26 @@ def actor_layout(config: PPOTrainerConfig) -> RoleLayout:
         float(arr.nccl_timeout),
         lora_spec(arr.model),
         config.trainer.cpu_linear_kernel,
+        qat_spec(actor.qat),
     )
 
 
+def qat_spec(qat: Any) -> QATSpec | None:
+    """The ``actor.qat`` section as a `QATSpec` (None when off; its keys read either way). The two keys
+    only verl's w4a4 mode and vLLM read are held at their defaults by validation."""
+    enable, mode, group_size, patterns = (
+        bool(qat.enable),
+        str(qat.mode),
+        int(qat.group_size),
+        qat.ignore_patterns,
+    )
+    return QATSpec(mode, group_size, tuple(patterns)) if enable else None
+
+
 def ref_layout(config: PPOTrainerConfig) -> RoleLayout:
-    """The reference policy's layout: the actor's model, strategy and precision (so reference and old
-    log-probs differ only by the weights), its own Ulysses size and ``ref.fsdp_config`` (sharding, offload,
-    prefetch: the actor's by default)."""
+    """The reference policy's layout: the actor's model, strategy and precision, FP8 and QAT included (so
+    reference and old log-probs differ only by the weights), its own Ulysses size and ``ref.fsdp_config``
+    (sharding, offload, prefetch: the actor's by default)."""
     arr = config.actor_rollout_ref
     ref = arr.ref.fsdp_config
     fsdp = dataclasses.replace(
@@ -153,6 +170,7 @@ def ref_layout(config: PPOTrainerConfig) -> RoleLayout:
         fsdp,
         float(arr.nccl_timeout),
         cpu_linear_kernel=config.trainer.cpu_linear_kernel,
+        qat=qat_spec(arr.actor.qat),
     )
 
 
@@ -230,7 +248,7 @@ def build_role_module(
     ``mixed_precision.param_dtype`` is what the forward computes in. With ``layout.cpu_linear_kernel``
     resolved to ``onednn`` the linear layers compute through oneDNN (`rlflow.models.cpu_linear`); with
     ``fsdp_config.fp8.format`` set, the decoder layers' linear layers compute with FP8 numerics
-    (`rlflow.models.fp8`).
+    (`rlflow.models.fp8`); with ``layout.qat`` their weights are quantization-aware (`rlflow.models.qat`).
     """
     model_cfg = layout.model
     path = model_path(model_cfg)
@@ -280,6 +298,8 @@ def build_role_module(
             install_onednn_linear(model)
         if fp8 is not None:  # after oneDNN: the FP8 layers compute their own products
             install_fp8(model, fp8)
+        if layout.qat is not None:  # after FP8, whose layers then quantize the QAT weight
+            install_qat(model, layout.qat)
         check_layer_classes(model, layout)
         return model
 

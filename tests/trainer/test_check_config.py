@@ -241,7 +241,7 @@ def test_verls_null_placeholders_keep_rlflows_defaults():
     assert check_config([*base, "data.seed=7"], "demo").data.seed == 7  # a value still counts
 
 
-def test_fp8_settings_are_read_onto_rlflows_keys_and_checked_before_ray():
+def test_fp8_and_qat_settings_are_read_onto_rlflows_keys_and_checked_before_ray():
     """verl's DeepSeek-V4 spelling (Megatron's fp8 / fp8_recipe, the optimizer's recipe, the FP8 rollout) maps
     onto ``fsdp_config.fp8`` and ``rollout.quantization``; what rlflow does not emulate is refused naming the key;
     the old-log-prob pass stays whenever one side computes in FP8 and the other does not."""
@@ -286,6 +286,46 @@ def test_fp8_settings_are_read_onto_rlflows_keys_and_checked_before_ray():
         check_config(
             ["actor_rollout_ref.actor.fsdp_config.fp8.format=e4m3", "actor_rollout_ref.model.lora_rank=4"],
             "demo",
+        )
+
+    # QAT: verl's three spellings, the DeepSeek-V4 script's Megatron ones among them; w4a4 refused
+    qat = check_config(
+        [
+            "++actor_rollout_ref.actor.megatron.qat.enable=True",
+            "++actor_rollout_ref.actor.megatron.qat.mode=mxfp4_experts",
+            "++actor_rollout_ref.actor.megatron.qat.bypass_te_fp8_assert=True",
+            "++actor_rollout_ref.rollout.qat.enable=False",
+        ],
+        "demo",
+    ).actor_rollout_ref.actor.qat
+    assert (qat.enable, qat.mode) == (True, "mxfp4_experts")
+    assert check_config(
+        ["actor_rollout_ref.actor.fsdp_config.qat.enable=true"], "demo"
+    ).actor_rollout_ref.actor.qat.enable
+    for override, message in {
+        "actor_rollout_ref.actor.qat.mode=w4a4": "quantizing activations with scales observed",
+        "actor_rollout_ref.actor.qat.group_size=32": "NVFP4's block is 16 elements",
+        "actor_rollout_ref.actor.qat.activation_observer=minmax": "only w4a4 observes activation scales",
+        "actor_rollout_ref.actor.qat.quantization_config_path=q.json": "verl's vLLM quantization config",
+        "+actor_rollout_ref.ref.fsdp_config.qat.enable=true": "the reference quantizes its weights as the actor",
+        "+actor_rollout_ref.ref.megatron.qat.enable=true": "QAT is the actor's",
+    }.items():
+        with pytest.raises(ValueError, match=re.escape(message)):
+            check_config([override], "demo")
+    # on the model, before Ray: mxfp4_experts needs routed experts; NVFP4 cannot reach a tied LM head
+    with pytest.raises(ValueError, match="Qwen2ForCausalLM has no routed experts to quantize"):
+        check_config(
+            ["actor_rollout_ref.actor.qat.enable=true", "actor_rollout_ref.actor.qat.mode=mxfp4_experts"],
+            "demo",
+        )
+    with pytest.raises(ValueError, match="lm_head's weight is tied to the input embeddings"):
+        check_config(
+            ["actor_rollout_ref.actor.qat.enable=true", "actor_rollout_ref.actor.qat.ignore_patterns=[x]"],
+            "demo",
+        )
+    with pytest.raises(ValueError, match="adapted layers would stay in full precision"):
+        check_config(
+            ["actor_rollout_ref.actor.qat.enable=true", "actor_rollout_ref.model.lora_rank=4"], "demo"
         )
 
     # two epochs, fp32, hf engine: bypass_mode=null skips the pass exactly when both sides share the numerics

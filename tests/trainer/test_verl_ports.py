@@ -277,7 +277,7 @@ def test_megatron_ports_run_two_steps_on_fsdp2(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_session")
-@pytest.mark.parametrize("replay", ["R3", "R2", "R3-fp8"])
+@pytest.mark.parametrize("replay", ["R3", "R2", "R3-fp8-qat"])
 def test_megatron_moe_port_runs_two_steps_with_its_router_losses_and_routing_replay(
     tmp_path, moe_model_dir, replay
 ):
@@ -286,12 +286,13 @@ def test_megatron_moe_port_runs_two_steps_with_its_router_losses_and_routing_rep
     with the routing replay of verl's DeepSeek-V4 Megatron scripts (``megatron.router_replay.mode``) on its
     two mini-batches, recomputation and dynamic micro-batches (tests/models/test_router_replay.py checks
     what is replayed): R3 replays the rollout's routing, R2 the old-log-prob pass's. The micro-batch sizes
-    are verl's null defaults (the token budgets size the micro-batches). ``R3-fp8`` adds the FP8 training
-    and FP8 rollout of verl's DeepSeek-V4 QAT scripts, in their spelling (tests/models/test_fp8.py checks
-    the numerics): the old-log-prob pass still reproduces the rollout's log-probs."""
+    are verl's null defaults (the token budgets size the micro-batches). ``R3-fp8-qat`` adds the FP8
+    training, FP8 rollout and MXFP4 expert QAT of verl's DeepSeek-V4 QAT scripts, in their spelling
+    (tests/models/test_fp8.py and test_qat.py check the numerics, tests/workers/test_role_setup.py which
+    layers each role quantizes): the old-log-prob pass still reproduces the rollout's log-probs."""
     overrides = _environment(GRPO_QWEN3_VL_30B_MEGATRON, "", moe_model_dir)
-    fp8 = replay.endswith("-fp8")
-    replay = replay.removesuffix("-fp8")
+    fp8 = replay.endswith("-fp8-qat")
+    replay = replay.removesuffix("-fp8-qat")
     overrides += [
         f"actor_rollout_ref.actor.megatron.router_replay.mode={replay}",
         f"actor_rollout_ref.rollout.enable_rollout_routing_replay={replay == 'R3'}",
@@ -308,18 +309,21 @@ def test_megatron_moe_port_runs_two_steps_with_its_router_losses_and_routing_rep
             '+actor_rollout_ref.actor.megatron.override_transformer_config.fp8_recipe="blockwise"',
             '+actor_rollout_ref.actor.optim.override_optimizer_config.fp8_recipe="blockwise"',
             "+actor_rollout_ref.rollout.quantization=fp8",
+            "++actor_rollout_ref.actor.megatron.qat.enable=True",
+            "++actor_rollout_ref.actor.megatron.qat.mode=mxfp4_experts",
+            "++actor_rollout_ref.actor.megatron.qat.bypass_te_fp8_assert=True",
+            "++actor_rollout_ref.rollout.qat.enable=False",
         ]
     cfg = load_config([*overrides, *_local(tmp_path)], config_name="ppo_megatron_trainer")
     actor = cfg.actor_rollout_ref.actor
-    assert (actor.fsdp_config.fp8.format, cfg.actor_rollout_ref.rollout.quantization) == (
-        ("hybrid", "fp8") if fp8 else (None, None)
+    assert (actor.fsdp_config.fp8.format, cfg.actor_rollout_ref.rollout.quantization, actor.qat.enable) == (
+        ("hybrid", "fp8", True) if fp8 else (None, None, False)
     )
     assert (actor.moe_aux_loss_coef, actor.moe_z_loss_coef) == (0.01, 0.001)
     assert actor.router_replay.mode == replay
     steps = _steps(run_ppo(cfg)["history"])
-    # step 1: the actor's weights are the reference's; only FP8 numerics (the actor's, not the reference's)
-    # separate them: 1.6e-6 seen with FP8, 1e-9 (fp32 summation order) without
-    assert (steps[0]["actor/kl_loss"] > 1e-7) if fp8 else (steps[0]["actor/kl_loss"] < 1e-7)
+    # step 1: the reference computes as the actor does (FP8 and QAT included), with the same weights
+    assert 0 <= steps[0]["actor/kl_loss"] < 1e-4
     for h in steps:
         # two MoE layers: each load-balancing term is 1 for an even router (2 here), at most E = 4
         assert 1.0 < h["actor/moe_aux_loss"] < 8.0 and h["actor/moe_z_loss"] > 0

@@ -1,6 +1,8 @@
-"""The hf engine's FP8 rollout (``rollout.quantization=fp8``): its log-probs are those of the trainer's FP8
-forward (``fsdp_config.fp8`` recipe=blockwise) over the same tokens, not the plain model's, and the actor's
-own weights and layers are left as they were; an FP8 actor with ``quantization=null`` decodes in its dtype."""
+"""The hf engine's quantized rollouts. FP8 (``rollout.quantization=fp8``): its log-probs are those of the
+trainer's FP8 forward (``fsdp_config.fp8`` recipe=blockwise) over the same tokens, not the plain model's,
+and the actor's own weights and layers are left as they were; an FP8 actor with ``quantization=null``
+decodes in its dtype. QAT (``actor.qat``): the rollout decodes with the quantized weights the trainer's
+forward sees."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import copy
 import torch
 
 from rlflow.models.fp8 import Fp8Linear, Fp8Recipe, install_fp8
+from rlflow.models.qat import QATSpec, install_qat
 from rlflow.rollout.hf import HFRollout
 
 from ._tiny import make_prompts, random_token_lists, rollout_config, tiny_model
@@ -70,3 +73,16 @@ def test_an_fp8_actor_without_quantization_decodes_in_its_dtype() -> None:
         float((out.batch["rollout_log_probs"][mask] - _response_log_probs(actor, out)[mask]).abs().max())
         > 1e-3
     )
+
+
+def test_a_qat_actor_decodes_with_its_quantized_weights() -> None:
+    actor = tiny_model(seed=0)
+    plain = copy.deepcopy(actor)
+    before = copy.deepcopy(actor.state_dict())
+    install_qat(actor, QATSpec("w4a16"))
+    out = _generate(actor)
+    mask = out.batch["response_mask"].bool()
+    rollout_lp = out.batch["rollout_log_probs"][mask]
+    torch.testing.assert_close(rollout_lp, _response_log_probs(actor, out)[mask], rtol=0, atol=1e-4)
+    assert float((rollout_lp - _response_log_probs(plain, out)[mask]).abs().max()) > 1e-3
+    assert all(torch.equal(before[k], v) for k, v in actor.state_dict().items())  # full precision kept
