@@ -241,7 +241,7 @@ def test_verls_null_placeholders_keep_rlflows_defaults():
     assert check_config([*base, "data.seed=7"], "demo").data.seed == 7  # a value still counts
 
 
-def test_fp8_and_qat_settings_are_read_onto_rlflows_keys_and_checked_before_ray():
+def test_fp8_and_qat_settings_are_read_onto_rlflows_keys_and_checked_before_ray(tmp_path):
     """verl's DeepSeek-V4 spelling (Megatron's fp8 / fp8_recipe, the optimizer's recipe, the FP8 rollout) maps
     onto ``fsdp_config.fp8`` and ``rollout.quantization``; what rlflow does not emulate is refused naming the key;
     the old-log-prob pass stays whenever one side computes in FP8 and the other does not."""
@@ -289,8 +289,11 @@ def test_fp8_and_qat_settings_are_read_onto_rlflows_keys_and_checked_before_ray(
         )
 
     # QAT: verl's three spellings, the DeepSeek-V4 script's Megatron ones among them; w4a4 refused
+    from tests.tiny_moe_model import save_tiny_moe_model
+
     qat = check_config(
         [
+            f"actor_rollout_ref.model.path={save_tiny_moe_model(tmp_path / 'moe')}",
             "++actor_rollout_ref.actor.megatron.qat.enable=True",
             "++actor_rollout_ref.actor.megatron.qat.mode=mxfp4_experts",
             "++actor_rollout_ref.actor.megatron.qat.bypass_te_fp8_assert=True",
