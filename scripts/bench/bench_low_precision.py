@@ -52,7 +52,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hidden", type=int, default=384)
     parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--tokens", type=int, default=2656, help="training tokens per step (16 x 166 default)")
+    parser.add_argument(
+        "--tokens", type=int, default=2656, help="training tokens per step (16 x 166 default)"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
