@@ -60,6 +60,7 @@ def check_files(cfg: DictConfig, *, critic: bool) -> None:
         _check_local_path(cfg, "critic.model.tokenizer_path")
     if value_at(cfg, "reward_model.enable"):
         _check_local_path(cfg, "reward_model.model.path")
+    _check_continuous_token(cfg)
     if value_at(cfg, "trainer.resume_mode") == "resume_path":
         path = value_at(cfg, "trainer.resume_from_path")
         if path is None:
@@ -68,6 +69,41 @@ def check_files(cfg: DictConfig, *, critic: bool) -> None:
             raise ValueError(
                 f"trainer.resume_from_path={path!r}: no such directory (trainer.resume_mode=resume_path)"
             )
+
+
+def _check_continuous_token(cfg: DictConfig) -> None:
+    """``data.continuous_token``: a family rlflow renders with (`rlflow.data.prompt_builders`), no builder
+    module, and for ``deepseekv4`` the checkpoint's encoder in the policy's tokenizer directory."""
+    from rlflow.data.prompt_builders import DEEPSEEK_V4_ENCODER, MODEL_FAMILIES, encoder_path
+
+    section = "data.continuous_token"
+    family = value_at(cfg, f"{section}.model_family")
+    if family not in MODEL_FAMILIES:
+        raise ValueError(
+            f"{section}.model_family={family!r}: rlflow renders prompts with the tokenizer's chat template (auto) "
+            f"or DeepSeek-V4's own encoder (deepseekv4, the checkpoint's {DEEPSEEK_V4_ENCODER}); give the "
+            "tokenizer a chat template in that family's format (actor_rollout_ref.model.custom_chat_template) and "
+            "set auto"
+        )
+    if value_at(cfg, f"{section}.custom_builder_module") is not None:
+        raise ValueError(
+            f"{section}.custom_builder_module: verl's builder classes are not loaded; render the prompts with a "
+            "chat template (actor_rollout_ref.model.custom_chat_template) and drop the key"
+        )
+    if not value_at(cfg, f"{section}.enable") or family != "deepseekv4":
+        return
+    model = "actor_rollout_ref.model"
+    directory = value_at(cfg, f"{model}.tokenizer_path") or value_at(cfg, f"{model}.path")
+    if (
+        directory is not None
+        and "://" not in str(directory)
+        and not os.path.isfile(encoder_path(str(directory)))
+    ):
+        raise ValueError(
+            f"{section}.model_family=deepseekv4: no DeepSeek-V4 encoder at {encoder_path(str(directory))} (the "
+            f"checkpoint's {DEEPSEEK_V4_ENCODER}, which renders its prompts); point {model}.tokenizer_path at the "
+            "checkpoint, or set model_family=auto to use the tokenizer's chat template"
+        )
 
 
 def _check_custom_reward(cfg: DictConfig) -> None:

@@ -86,6 +86,24 @@ SCHEMA_NAME = "rlflow_ppo_schema"
 
 
 @dataclass
+class ContinuousTokenConfig:
+    """``data.continuous_token`` (verl's keys): the prompts rendered by the model family's own encoder
+    (`rlflow.data.prompt_builders`). rlflow's single-turn rollout never re-tokenizes, which is what verl's
+    continuous-token mode keeps across an agent's turns.
+
+    Attributes:
+        enable: render with the family's encoder instead of the chat template.
+        model_family: auto (DeepSeek-V4's encoder when the tokenizer's directory has
+            ``encoding/encoding_dsv4.py``, else the chat template) | deepseekv4.
+        custom_builder_module: verl's own builder classes: null only.
+    """
+
+    enable: bool = False
+    model_family: str = "auto"
+    custom_builder_module: str | None = None
+
+
+@dataclass
 class DataConfig:
     """``data``: prompts, lengths and batch sizes (sizes in prompts, before ``rollout.n``).
 
@@ -125,6 +143,7 @@ class DataConfig:
             row (the text would otherwise be trained on without its images).
         custom_cls: ``path`` / ``name`` of a dataset class to build the training and validation sets with
             instead of ``RLHFDataset`` (verl's key; `rlflow.data.custom_dataset`).
+        continuous_token: who renders the prompts (`ContinuousTokenConfig`).
         custom_options: options of that class, which it reads as ``config.get(name)`` or ``config.<name>``
             (verl's scripts add them as ``+data.<name>...``: `rlflow.config.dataset_options`); refused
             without a class.
@@ -156,6 +175,7 @@ class DataConfig:
     image_key: str = "images"
     video_key: str = "videos"
     custom_cls: CustomClassSection = field(default_factory=CustomClassSection)
+    continuous_token: ContinuousTokenConfig = field(default_factory=ContinuousTokenConfig)
     custom_options: dict[str, Any] = field(default_factory=dict)
 
     def get(self, key: str, default: Any = None) -> Any:

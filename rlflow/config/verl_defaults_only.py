@@ -108,11 +108,6 @@ DEFAULT_ONLY: dict[str, tuple[tuple[str, ...], str]] = {
         _FALSE,
         "the reference quantizes its weights as the actor's QAT does (actor_rollout_ref.actor.qat): drop the key",
     ),
-    "data.continuous_token.enable": (
-        _FALSE,
-        "verl's continuous-token mode keeps a multi-turn agent rollout's token ids across turns; rlflow's "
-        "rollout is single-turn (its token ids are never re-tokenized): drop the key",
-    ),
     "trainer.v1.trainer_mode": (
         ("sync",),
         "verl's asynchronous trainers (generation of the next batches overlapped with the update, rollouts up "
@@ -148,10 +143,6 @@ INERT_ANY: dict[str, str] = {
     "trainer.use_v1": (
         "which of verl's two trainer implementations runs (its legacy loop or the one on its transfer queue); "
         "rlflow's trainer is one synchronous loop, computing what both compute in their sync mode"
-    ),
-    "data.continuous_token.model_family": "it is read only with data.continuous_token.enable=true, which rlflow refuses",
-    "data.continuous_token.custom_builder_module": (
-        "it is read only with data.continuous_token.enable=true, which rlflow refuses"
     ),
     **{
         f"trainer.v1.{key}": "it is read only with an asynchronous trainer.v1.trainer_mode, which rlflow refuses"

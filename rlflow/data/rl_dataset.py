@@ -2,7 +2,8 @@
 
 It reads these keys of the ``data`` section (`rlflow.config.schema.DataConfig`, verl's names):
 ``prompt_key``, ``max_prompt_length``, ``filter_overlong_prompts``, ``truncation``, ``return_raw_chat``,
-``return_full_prompt``, ``apply_chat_template_kwargs``.
+``return_full_prompt``, ``apply_chat_template_kwargs``, ``continuous_token`` (who renders the prompt:
+`rlflow.data.prompt_builders`).
 
 All rows are read, checked and tokenized when the dataset is built, so bad input fails at once with a
 ``ValueError`` naming the file, the row (0-based) and the key. Prompts longer than ``max_prompt_length`` are
@@ -37,6 +38,7 @@ import torch
 from torch.utils.data import Dataset
 
 from rlflow.data.io import read_rows
+from rlflow.data.prompt_builders import prompt_renderer
 from rlflow.data.sampler import StatefulDataLoader, StatefulSampler
 
 if TYPE_CHECKING:
@@ -150,6 +152,8 @@ class RLHFDataset(Dataset):
             raise ValueError("RLHFDataset: data_files is empty")
         self.num_filtered = 0
         self.max_samples = int(max_samples)
+        # data.continuous_token: the chat template or the checkpoint's own encoder (rlflow.data.prompt_builders)
+        self._render, self._render_family = prompt_renderer(tokenizer, config)
         self._build()
 
     # ---- building --------------------------------------------------------------------------------------
@@ -177,11 +181,12 @@ class RLHFDataset(Dataset):
 
     def _template(self, messages: list[dict[str, Any]], where: str) -> str:
         try:
-            return self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False, **self.config.apply_chat_template_kwargs
-            )
+            return self._render(messages)
         except Exception as exc:
-            raise ValueError(f"{where}: apply_chat_template failed: {type(exc).__name__}: {exc}") from exc
+            what = (
+                "apply_chat_template" if self._render_family == "chat_template" else "the DeepSeek-V4 encoder"
+            )
+            raise ValueError(f"{where}: {what} failed: {type(exc).__name__}: {exc}") from exc
 
     def _check_text_only(self, data: dict[str, Any], file: str, row: int) -> None:
         for what, name in (("images", "image_key"), ("videos", "video_key")):

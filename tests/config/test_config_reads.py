@@ -49,6 +49,7 @@ REFUSED = {
     "reward_model.inference.tensor_model_parallel_size": 2,
     "actor_rollout_ref.model.fused_kernel_options.impl_backend": "triton",
     "actor_rollout_ref.hybrid_engine": False,
+    "data.continuous_token.custom_builder_module": "my.builder",  # verl's builder classes
     "actor_rollout_ref.actor.qat.activation_observer": "minmax",  # verl's w4a4 only (refused)
     "actor_rollout_ref.actor.qat.quantization_config_path": "/tmp/quant.json",  # verl's vLLM config
     "actor_rollout_ref.actor.fsdp_config.grad_offload": True,
