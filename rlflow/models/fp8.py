@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import re
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -226,15 +227,16 @@ def _is_experts(module: nn.Module) -> bool:
     return any(p.dim() == 3 for p in module.parameters(recurse=False))
 
 
+def _fp8_experts_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """An experts block's forward (its class's) with each ``F.linear`` through `fp8_linear`."""
+    quantized = bool(getattr(self, "fp8_weight_quantized", False))
+    with _ExpertLinears(self.fp8_recipe, quantized, getattr(self, "weight_transform", None)):
+        return type(self).forward(self, *args, **kwargs)
+
+
 def _wrap_experts(module: nn.Module, recipe: Fp8Recipe) -> None:
-    inner = module.forward
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        quantized = bool(getattr(module, "fp8_weight_quantized", False))
-        with _ExpertLinears(recipe, quantized, getattr(module, "weight_transform", None)):
-            return inner(*args, **kwargs)
-
-    module.forward = forward  # type: ignore[method-assign]
+    # a method bound to the module (not a closure over it): a deep copy of the model rebinds it to the copy
+    module.forward = types.MethodType(_fp8_experts_forward, module)  # type: ignore[method-assign]
     module.fp8_recipe = recipe
 
 

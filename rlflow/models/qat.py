@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import types
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -203,6 +204,12 @@ class _ExpertWeights(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _qat_experts_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """An experts block's forward (its class's) with each expert's ``F.linear`` on its QAT weight."""
+    with _ExpertWeights(self.qat_spec):
+        return type(self).forward(self, *args, **kwargs)
+
+
 def install_qat(model: nn.Module, spec: QATSpec) -> int:
     """Make ``model``'s forward use the QAT weights of the layers `qat_targets` selects; returns how many.
 
@@ -223,13 +230,8 @@ def install_qat(model: nn.Module, spec: QATSpec) -> int:
                 config = getattr(module, "config", None)
                 if config is not None and hasattr(config, "_experts_implementation"):
                     config._experts_implementation = "eager"
-                inner = module.forward
-
-                def forward(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
-                    with _ExpertWeights(spec):
-                        return _inner(*args, **kwargs)
-
-                module.forward = forward  # type: ignore[method-assign]
+                # bound to the module (not a closure over it): a deep copy of the model rebinds it
+                module.forward = types.MethodType(_qat_experts_forward, module)  # type: ignore[method-assign]
         elif hasattr(module, "fp8_recipe"):
             module.weight_transform = spec.weight
         elif type(module) is nn.Linear or type(module).__name__ == "OneDNNLinear":

@@ -144,3 +144,24 @@ def test_an_engine_loading_weights_by_name_receives_them_quantized() -> None:
     assert torch.equal(
         out["model.layers.1.self_attn.q_proj.weight"], moe.model.layers[1].self_attn.q_proj.weight
     )
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_a_deep_copy_of_a_quantized_model_computes_with_its_own_weights(fp8: bool) -> None:
+    """The experts' wrapped forward is bound to its module, so a copy of the model (changed afterwards)
+    runs its own experts, not the original's."""
+    import copy
+
+    model = _moe()
+    if fp8:
+        install_fp8(model, Fp8Recipe("e4m3", "blockwise"))
+    install_qat(model, QATSpec("mxfp4_experts"))
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.model.layers[0].mlp.experts.parameters():
+            p.mul_(-1.0)
+    ids = torch.randint(3, 200, (1, 8))
+    with torch.no_grad():
+        assert not torch.allclose(model(ids).logits, twin(ids).logits)
+        fresh = copy.deepcopy(model)
+        torch.testing.assert_close(fresh(ids).logits, model(ids).logits)
