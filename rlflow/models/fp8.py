@@ -141,14 +141,19 @@ class _Fp8LinearFunction(torch.autograd.Function):
         bias: torch.Tensor | None,
         recipe: Fp8Recipe,
         weight_quantized: bool,
+        weight_transform: Any,
     ) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        w = weight.float() if weight_quantized else recipe.quantize(weight, "weight", 1)
+        w = weight if weight_transform is None else weight_transform(weight)
+        w = w.float() if weight_quantized else recipe.quantize(w, "weight", 1)
         y = recipe.quantize(x2, "input", 1) @ w.t()
         if bias is not None:
             y = y + bias.float()
+        # the weight as given (a parameter FSDP frees after the forward and gathers again for the backward),
+        # not a transformed copy, which would stay alive until the backward
         ctx.save_for_backward(x, weight)
         ctx.recipe, ctx.weight_quantized, ctx.has_bias = recipe, weight_quantized, bias is not None
+        ctx.weight_transform = weight_transform
         return y.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
@@ -158,14 +163,17 @@ class _Fp8LinearFunction(torch.autograd.Function):
         g = grad_out.reshape(-1, grad_out.shape[-1])
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:  # dgrad: sums over the output features
-            w = weight.float() if ctx.weight_quantized else recipe.quantize(weight, "weight", 0)
+            w = weight if ctx.weight_transform is None else ctx.weight_transform(weight)
+            w = w.float() if ctx.weight_quantized else recipe.quantize(w, "weight", 0)
             grad_x = (recipe.quantize(g, "grad", 1) @ w).to(x.dtype).view(x.shape)
-        if ctx.needs_input_grad[1]:  # wgrad: sums over the tokens
+        if ctx.needs_input_grad[
+            1
+        ]:  # wgrad: sums over the tokens; a transform's gradient passes straight through
             x2 = x.reshape(-1, x.shape[-1])
             grad_w = (recipe.quantize(g, "grad", 0).t() @ recipe.quantize(x2, "input", 0)).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = g.float().sum(0).to(grad_out.dtype)
-        return grad_x, grad_w, grad_b, None, None
+        return grad_x, grad_w, grad_b, None, None, None
 
 
 def fp8_linear(
@@ -174,6 +182,7 @@ def fp8_linear(
     bias: torch.Tensor | None,
     recipe: Fp8Recipe,
     weight_quantized: bool = False,
+    weight_transform: Any = None,
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` with FP8 numerics (module docstring).
 
@@ -182,8 +191,10 @@ def fp8_linear(
     Args:
         weight_quantized: the weight already holds its FP8 values (`quantize_fp8_weights_`; a rollout's
             copy), so it is not quantized again.
+        weight_transform: applied to the weight before it is quantized (QAT's `rlflow.models.qat.QATSpec.
+            quantize`), again in the backward; its gradient passes straight through to ``weight``.
     """
-    return _Fp8LinearFunction.apply(x, weight, bias, recipe, weight_quantized)
+    return _Fp8LinearFunction.apply(x, weight, bias, recipe, weight_quantized, weight_transform)
 
 
 class Fp8Linear(nn.Linear):
@@ -195,8 +206,9 @@ class Fp8Linear(nn.Linear):
     weight_transform: Any = None  # QAT's quantized weight (`rlflow.models.qat`), quantized again to FP8
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight if self.weight_transform is None else self.weight_transform(self.weight)
-        return fp8_linear(x, weight, self.bias, self.fp8_recipe, self.fp8_weight_quantized)
+        return fp8_linear(
+            x, self.weight, self.bias, self.fp8_recipe, self.fp8_weight_quantized, self.weight_transform
+        )
 
 
 class _ExpertLinears(TorchFunctionMode):
@@ -212,9 +224,7 @@ class _ExpertLinears(TorchFunctionMode):
         if func is F.linear:
             x, weight = args[0], args[1]
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            if self.weight_transform is not None:
-                weight = self.weight_transform(weight)
-            return fp8_linear(x, weight, bias, self.recipe, self.weight_quantized)
+            return fp8_linear(x, weight, bias, self.recipe, self.weight_quantized, self.weight_transform)
         return func(*args, **kwargs)
 
 

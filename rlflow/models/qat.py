@@ -37,6 +37,7 @@ __all__ = [
     "fake_quant_mxfp4",
     "fake_quant_nvfp4",
     "install_qat",
+    "qat_linear",
     "qat_quantize_weights_",
     "qat_spec_of",
     "qat_weight_names",
@@ -104,16 +105,46 @@ def fake_quant_nvfp4(w: torch.Tensor, group_size: int = 16) -> torch.Tensor:
     return q.view(w.shape[0], -1)[:, : w.shape[1]].to(w.dtype)
 
 
-class _StraightThrough(torch.autograd.Function):
-    """``quantize(w)`` forward, the identity backward (the straight-through estimator)."""
+class _QATLinearFunction(torch.autograd.Function):
+    """``F.linear(x, quantize(W), b)``, the gradient passed straight through to ``W``. The weight is saved
+    as given (a parameter FSDP frees after the forward and gathers again for the backward) and quantized
+    again in the backward, so no quantized copy of it stays alive in between."""
 
     @staticmethod
-    def forward(ctx: Any, w: torch.Tensor, quantize: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        return quantize(w)
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        quantize: Callable[[torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.quantize, ctx.has_bias = quantize, bias is not None
+        return F.linear(x, quantize(weight), bias)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight = ctx.saved_tensors
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad_out @ ctx.quantize(weight)
+        g = grad_out.reshape(-1, grad_out.shape[-1])
+        if ctx.needs_input_grad[1]:  # dL/dW = g^T x whatever W is: straight through the quantizer
+            grad_w = g.t() @ x.reshape(-1, x.shape[-1])
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = g.sum(0)
+        return grad_x, grad_w, grad_b, None
+
+
+def qat_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, spec: QATSpec
+) -> torch.Tensor:
+    """``F.linear(x, W_q, bias)`` with ``W_q = spec.quantize(weight)`` in the forward and the gradient of
+    ``W_q`` given to ``weight`` (the straight-through estimator).
+
+    Shapes: x (..., in), weight (out, in), bias (out,) or None -> (..., out).
+    """
+    return _QATLinearFunction.apply(x, weight, bias, spec.quantize)
 
 
 @dataclass(frozen=True)
@@ -141,10 +172,6 @@ class QATSpec:
             return fake_quant_mxfp4(w)
         return fake_quant_nvfp4(w, self.group_size)
 
-    def weight(self, w: torch.Tensor) -> torch.Tensor:
-        """``w`` as the forward sees it: quantized, with the gradient passed straight through."""
-        return _StraightThrough.apply(w, self.quantize)
-
     def ignores(self, name: str) -> bool:
         for pattern in self.ignore_patterns:
             if pattern.startswith("re:"):
@@ -161,7 +188,7 @@ class QATLinear(nn.Linear):
     qat_spec: QATSpec
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.qat_spec.weight(self.weight), self.bias)
+        return qat_linear(x, self.weight, self.bias, self.qat_spec)
 
 
 def _is_experts(module: nn.Module) -> bool:
@@ -200,7 +227,8 @@ class _ExpertWeights(torch.overrides.TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func is F.linear:
-            args = (args[0], self.spec.weight(args[1]), *args[2:])
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            return qat_linear(args[0], args[1], bias, self.spec)
         return func(*args, **kwargs)
 
 
@@ -225,7 +253,7 @@ def install_qat(model: nn.Module, spec: QATSpec) -> int:
     for name, module in qat_targets(model, spec):
         if _is_experts(module):
             if hasattr(module, "fp8_recipe"):
-                module.weight_transform = spec.weight
+                module.weight_transform = spec.quantize
             else:
                 config = getattr(module, "config", None)
                 if config is not None and hasattr(config, "_experts_implementation"):
@@ -233,7 +261,7 @@ def install_qat(model: nn.Module, spec: QATSpec) -> int:
                 # bound to the module (not a closure over it): a deep copy of the model rebinds it
                 module.forward = types.MethodType(_qat_experts_forward, module)  # type: ignore[method-assign]
         elif hasattr(module, "fp8_recipe"):
-            module.weight_transform = spec.weight
+            module.weight_transform = spec.quantize
         elif type(module) is nn.Linear or type(module).__name__ == "OneDNNLinear":
             module.__class__ = QATLinear
         else:

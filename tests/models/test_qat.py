@@ -165,3 +165,24 @@ def test_a_deep_copy_of_a_quantized_model_computes_with_its_own_weights(fp8: boo
         assert not torch.allclose(model(ids).logits, twin(ids).logits)
         fresh = copy.deepcopy(model)
         torch.testing.assert_close(fresh(ids).logits, model(ids).logits)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_the_backward_keeps_the_weight_as_given_not_a_quantized_copy(fp8: bool) -> None:
+    """What autograd saves is the input and the parameter itself (FSDP frees the gathered parameter after
+    the forward and gathers it again for the backward); a quantized copy would stay alive in between."""
+    layer = torch.nn.Linear(64, 32)
+    if fp8:
+        layer.__class__ = __import__("rlflow.models.fp8", fromlist=["Fp8Linear"]).Fp8Linear
+        layer.fp8_recipe = Fp8Recipe("e4m3", "blockwise")
+        layer.weight_transform = QATSpec("w4a16").quantize
+    else:
+        layer.__class__ = QATLinear
+        layer.qat_spec = QATSpec("w4a16")
+    x = torch.randn(3, 64, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = layer(x)
+    assert {t.data_ptr() for t in saved} <= {x.data_ptr(), layer.weight.data_ptr()}
+    out.sum().backward()
+    assert layer.weight.grad is not None and x.grad is not None
