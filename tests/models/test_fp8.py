@@ -178,3 +178,21 @@ def test_a_quantized_copy_computes_what_the_fp8_trainer_computes(moe: bool) -> N
     with torch.no_grad():
         a, b = trainer(ids).logits, rollout(ids).logits
     assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "mxfp8"])
+def test_the_cuda_path_computes_the_cpu_numbers(recipe: str) -> None:
+    """The same quantizers and FP32 products on the GPU: forward and gradients equal the CPU's to FP32
+    summation order (TF32 off, as torch's default keeps it for matmuls)."""
+    spec = Fp8Recipe("hybrid", recipe)
+    torch.manual_seed(4)
+    x, w, g = torch.randn(2, 70, 256), torch.randn(192, 256) / 16, torch.randn(2, 70, 192)
+    results = []
+    for device in ("cpu", "cuda"):
+        xd, wd = x.to(device).requires_grad_(), w.to(device).requires_grad_()
+        y = fp8_linear(xd, wd, None, spec)
+        y.backward(g.to(device))
+        results.append([t.detach().cpu() for t in (y, xd.grad, wd.grad)])
+    for cpu, cuda in zip(*results):
+        torch.testing.assert_close(cuda, cpu, rtol=0, atol=1e-4 * float(cpu.abs().max()))
