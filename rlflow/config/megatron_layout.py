@@ -76,8 +76,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import fields
 
 from rlflow.config.override_syntax import check_produced, note_once, parse_bool, split_override, unquote
+from rlflow.config.schema import QATConfig
 from rlflow.models.fp8 import FP8_FORMATS, FP8_RECIPES
 
 logger = logging.getLogger(__name__)
@@ -444,14 +446,7 @@ def _transformer_key(role: str, sub: str, value: str, aux_on: bool = False) -> l
     )
 
 
-_QAT_KEYS = (
-    "enable",
-    "mode",
-    "group_size",
-    "ignore_patterns",
-    "activation_observer",
-    "quantization_config_path",
-)
+_QAT_KEYS = tuple(f.name for f in fields(QATConfig))  # verl's QAT section
 
 
 def _qat_key(role: str, sub: str, value: str) -> list[str]:

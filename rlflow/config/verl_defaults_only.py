@@ -13,18 +13,13 @@ default then means what verl's null means).
 from __future__ import annotations
 
 import logging
+from dataclasses import fields
 
 from rlflow.config.override_syntax import note_once, unquote
+from rlflow.config.schema import QATConfig
 from rlflow.config.verl_unsupported import QUANTIZED_ADVICE as _QUANTIZED
 
-_QAT_KEYS = (
-    "enable",
-    "mode",
-    "group_size",
-    "ignore_patterns",
-    "activation_observer",
-    "quantization_config_path",
-)
+_QAT_KEYS = tuple(f.name for f in fields(QATConfig))  # verl's QAT section
 
 __all__ = ["DEFAULT_ONLY", "INERT_ANY", "NULL_IS_UNSET", "drop_default_only"]
 
