@@ -166,9 +166,8 @@ class _Fp8LinearFunction(torch.autograd.Function):
             w = weight if ctx.weight_transform is None else ctx.weight_transform(weight)
             w = w.float() if ctx.weight_quantized else recipe.quantize(w, "weight", 0)
             grad_x = (recipe.quantize(g, "grad", 1) @ w).to(x.dtype).view(x.shape)
-        if ctx.needs_input_grad[
-            1
-        ]:  # wgrad: sums over the tokens; a transform's gradient passes straight through
+        if ctx.needs_input_grad[1]:
+            # wgrad: sums over the tokens; a weight transform's gradient passes straight through
             x2 = x.reshape(-1, x.shape[-1])
             grad_w = (recipe.quantize(g, "grad", 0).t() @ recipe.quantize(x2, "input", 0)).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
@@ -219,7 +218,9 @@ class _ExpertLinears(TorchFunctionMode):
         super().__init__()
         self.recipe, self.weight_quantized, self.weight_transform = recipe, weight_quantized, weight_transform
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_function__(
+        self, func: Any, arg_types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         if func is F.linear:
             x, weight = args[0], args[1]

@@ -224,7 +224,9 @@ class _ExpertWeights(torch.overrides.TorchFunctionMode):
         super().__init__()
         self.spec = spec
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_function__(
+        self, func: Any, arg_types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         if func is F.linear:
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
