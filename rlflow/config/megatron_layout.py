@@ -43,7 +43,8 @@ moe_router_bias_update_rate``
 ``mtp_num_layers``                                         ``mtp_*`` keys dropped, logged
 ``override_transformer_config.fp8`` / ``fp8_recipe``       ``<role>.fsdp_config.fp8.format`` / ``recipe``
                                                            (actor, critic: TE's recipes emulated,
-                                                           `rlflow.models.fp8`; ``delayed`` refused, and
+                                                           `rlflow.config.megatron_precision`;
+                                                           ``delayed`` refused, and
                                                            so ``fp8`` without a recipe); the optimizer's
                                                            ``fp8_recipe`` dropped, logged
 ``override_transformer_config.                             ``aux_loss`` (rlflow's load-balancing loss) or
@@ -57,7 +58,8 @@ optimizer_cpu_offload=true``                               optimizer_offload=tru
 ``megatron.{use_distributed_optimizer,sequence_parallel,   dropped, logged: how Megatron shards the optimizer
 use_megatron_fsdp}``                                       and the activations (FSDP2 shards both)
 ``actor.megatron.qat.*``                                   ``actor_rollout_ref.actor.qat.*`` (QAT,
-                                                           `rlflow.models.qat`); ``bypass_te_fp8_assert``
+                                                           `rlflow.config.megatron_precision`);
+                                                           ``bypass_te_fp8_assert``
                                                            dropped, logged; the reference's and critic's
                                                            ``enable`` false only
 ``actor.megatron.router_replay.*``                         ``actor_rollout_ref.actor.router_replay.*`` (routing
@@ -76,11 +78,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import fields
 
-from rlflow.config.override_syntax import check_produced, note_once, parse_bool, split_override, unquote
-from rlflow.config.schema import QATConfig
-from rlflow.models.fp8 import FP8_FORMATS, FP8_RECIPES
+from rlflow.config.megatron_precision import check_fp8_recipe_given, fp8_key, qat_key
+from rlflow.config.override_syntax import (
+    NULL_SPELLINGS,
+    check_produced,
+    note_once,
+    parse_bool,
+    split_override,
+    unquote,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -108,13 +115,12 @@ _GC_KEY = {
     ACTOR: "actor_rollout_ref.model.enable_gradient_checkpointing",
     CRITIC: "critic.model.enable_gradient_checkpointing",
 }
-_FP8_KEY = {ACTOR: f"{ACTOR}.fsdp_config.fp8", CRITIC: f"{CRITIC}.fsdp_config.fp8"}
 _RMPAD_KEY = {
     ACTOR: "actor_rollout_ref.model.use_remove_padding",
     REF: "actor_rollout_ref.model.use_remove_padding",
     CRITIC: "critic.model.use_remove_padding",
 }
-_NULL = ("null", "none", "~", "")
+
 
 KERNEL_SWITCHES: dict[str, str] = {
     **{
@@ -346,7 +352,7 @@ def rewrite_megatron_overrides(overrides: Iterable[str]) -> list[str]:
         else:
             out.append(item)
     out.extend(late)
-    _check_fp8_recipe_given(out, fp8_roles)
+    check_fp8_recipe_given(out, fp8_roles)
     check_produced(
         out,
         produced,
@@ -377,7 +383,7 @@ def _role_key(role: str, sub: str, value: str, aux_on: bool = False) -> list[str
     if sub.startswith("router_replay."):
         return _router_replay_key(role, sub.removeprefix("router_replay."), value)
     if sub.startswith("qat."):
-        return _qat_key(role, sub.removeprefix("qat."), value)
+        return qat_key(role, sub.removeprefix("qat."), value)
     raise ValueError(
         f"{key}: not one of the Megatron keys rlflow reads onto FSDP2 ({sorted(_ROLE_KEYS)}); drop it "
         "(docs/migrating_from_verl.md, verl's Megatron scripts)"
@@ -391,7 +397,7 @@ def _router_replay_key(role: str, sub: str, value: str) -> list[str]:
     if role == ACTOR:
         _note(key, f"config key {key} is read as {ACTOR}.router_replay.{sub}")
         return [f"{ACTOR}.router_replay.{sub}={value}"]
-    off = value == "disabled" if sub == "mode" else value.lower() in _NULL
+    off = value == "disabled" if sub == "mode" else value.lower() in NULL_SPELLINGS
     if sub in ("mode", "record_file", "replay_file") and off:
         _note(key, f"{key}={value}: the {role.rsplit('.', 1)[-1]} routes live in rlflow; dropped")
         return []
@@ -409,18 +415,18 @@ def _transformer_key(role: str, sub: str, value: str, aux_on: bool = False) -> l
         return []
     if sub in _ZERO_ONLY:
         try:
-            number = 0.0 if sub == "mtp_num_layers" and value.lower() in _NULL else float(value)
+            number = 0.0 if sub == "mtp_num_layers" and value.lower() in NULL_SPELLINGS else float(value)
         except ValueError:
             raise ValueError(f"{key}={value}: expected a number") from None
         if number != 0.0:
             raise ValueError(f"{key}={value}: {_ZERO_ONLY[sub]}: set 0 or drop the key")
         return []
     if sub in ("fp8", "fp8_recipe"):
-        return _fp8_key(role, sub, key, value)
+        return fp8_key(role, sub, key, value)
     if sub == "moe_router_load_balancing_type":
         return _load_balancing(key, value, aux_on)
     if sub == "recompute_granularity":
-        if value.lower() in _NULL:
+        if value.lower() in NULL_SPELLINGS:
             return []
         if value not in ("full", "selective"):
             raise ValueError(f"{key}={value!r} must be full, selective or null")
@@ -434,9 +440,9 @@ def _transformer_key(role: str, sub: str, value: str, aux_on: bool = False) -> l
         )
         return [f"{_GC_KEY[role]}=true"]
     if sub in _RECOMPUTE:
-        if sub == "recompute_method" and value.lower() not in (*_NULL, "uniform", "block"):
+        if sub == "recompute_method" and value.lower() not in (*NULL_SPELLINGS, "uniform", "block"):
             raise ValueError(f"{key}={value!r} must be uniform, block or null")
-        if sub == "recompute_num_layers" and value.lower() not in _NULL and not value.isdigit():
+        if sub == "recompute_num_layers" and value.lower() not in NULL_SPELLINGS and not value.isdigit():
             raise ValueError(f"{key}={value!r} must be a number of layers or null")
         _note(key, f"config key {key}={value} changes nothing: rlflow recomputes every decoder layer")
         return []
@@ -444,72 +450,6 @@ def _transformer_key(role: str, sub: str, value: str, aux_on: bool = False) -> l
         f"{key}: a Megatron transformer option rlflow has no meaning for; drop it (the ones rlflow reads: "
         f"{sorted({*KERNEL_SWITCHES, *_ZERO_ONLY, *_ROUTER_LOSSES, *_RECOMPUTE})})"
     )
-
-
-_QAT_KEYS = tuple(f.name for f in fields(QATConfig))  # verl's QAT section
-
-
-def _qat_key(role: str, sub: str, value: str) -> list[str]:
-    """``<role>.megatron.qat.<sub>``: the actor's onto ``actor_rollout_ref.actor.qat.<sub>`` (`rlflow.models.
-    qat`); ModelOpt's ``bypass_te_fp8_assert`` dropped; the reference's and critic's off only."""
-    key = f"{role}.megatron.qat.{sub}"
-    if sub == "bypass_te_fp8_assert":
-        parse_bool(key, value)
-        _note(
-            key,
-            f"config key {key}={value} changes nothing: ModelOpt's guard against quantizers under Transformer "
-            "Engine's FP8; rlflow's FP8 layers quantize the QAT weight as they are",
-        )
-        return []
-    if sub not in _QAT_KEYS:
-        raise ValueError(f"{key}: not one of verl's QAT keys ({list(_QAT_KEYS)}, bypass_te_fp8_assert)")
-    if role == ACTOR:
-        return [f"{ACTOR}.qat.{sub}={value}"]
-    if sub == "enable" and parse_bool(key, value):
-        raise ValueError(
-            f"{key}=true: QAT is the actor's (actor_rollout_ref.actor.qat); the reference quantizes its weights "
-            "as the actor does, and the critic trains in full precision: drop the key"
-        )
-    _note(key, f"config key {key}={value} changes nothing: QAT is the actor's (actor_rollout_ref.actor.qat)")
-    return []
-
-
-def _fp8_key(role: str, sub: str, key: str, value: str) -> list[str]:
-    """``override_transformer_config.fp8`` / ``fp8_recipe`` onto ``<role>.fsdp_config.fp8.format`` /
-    ``recipe`` (`rlflow.models.fp8`: Transformer Engine's recipes, emulated)."""
-    if value.lower() in (*_NULL, "false"):
-        return []
-    if role not in _FP8_KEY:
-        raise ValueError(
-            f"{key}={value}: rlflow's FP8 numerics are the actor's and the critic's (fsdp_config.fp8); the "
-            "reference computes in its dtype: drop the key"
-        )
-    if sub == "fp8":
-        if value not in FP8_FORMATS:
-            raise ValueError(f"{key}={value}: the FP8 formats rlflow emulates are {list(FP8_FORMATS)}")
-        _note(key, f"{key}={value} is read as {_FP8_KEY[role]}.format={value} (FP8 numerics, emulated)")
-        return [f"{_FP8_KEY[role]}.format={value}"]
-    if value == "delayed":
-        raise ValueError(
-            f"{key}=delayed: Transformer Engine's delayed scaling (scales from an amax history of earlier "
-            "iterations) is not emulated; set tensorwise (current scaling), blockwise or mxfp8"
-        )
-    if value not in FP8_RECIPES:
-        raise ValueError(f"{key}={value}: the FP8 recipes rlflow emulates are {list(FP8_RECIPES)}")
-    return [f"{_FP8_KEY[role]}.recipe={value}"]
-
-
-def _check_fp8_recipe_given(out: list[str], roles: list[str]) -> None:
-    """Megatron's ``fp8_recipe`` defaults to ``delayed``, which rlflow does not emulate: a role given an FP8
-    format by Megatron's ``fp8`` key needs the recipe on the command line too."""
-    keys = {split_override(item)[1] for item in out if "=" in item}
-    for role in roles:
-        if f"{_FP8_KEY[role]}.recipe" not in keys:
-            raise ValueError(
-                f"{role}.megatron.override_transformer_config.fp8 without fp8_recipe: Megatron's default "
-                "recipe is delayed scaling, which rlflow does not emulate; set "
-                f"{role}.megatron.override_transformer_config.fp8_recipe to tensorwise, blockwise or mxfp8"
-            )
 
 
 def _aux_loss_on(overrides: list[str]) -> bool:
@@ -534,7 +474,7 @@ def _load_balancing(key: str, value: str, aux_on: bool) -> list[str]:
             f"{key}=none turns Megatron's load-balancing loss off, but the command line sets moe_aux_loss_coeff > 0: "
             "drop one of them"
         )
-    if value.lower() in (*_NULL, "aux_loss"):
+    if value.lower() in (*NULL_SPELLINGS, "aux_loss"):
         _note(
             key,
             f"config key {key}={value} is what rlflow computes (rlflow.algos.moe, with moe_aux_loss_coef > 0)",
@@ -556,7 +496,7 @@ def _optimizer_key(sub: str, value: str) -> list[str]:
         _note(key, f"{key}=true is read as {target}=true")
         return [f"{target}=true"]
     if sub == "optimizer_offload_fraction":
-        if value.lower() in _NULL:
+        if value.lower() in NULL_SPELLINGS:
             return []
         try:
             fraction = float(value)
@@ -571,7 +511,7 @@ def _optimizer_key(sub: str, value: str) -> list[str]:
             )
         return []
     if sub == "optimizer_state_offload_chunk_size_mb":
-        if value.lower() not in _NULL and not value.isdigit():
+        if value.lower() not in NULL_SPELLINGS and not value.isdigit():
             raise ValueError(f"{key}={value}: expected a whole number of megabytes")
         _note(
             key,
@@ -585,7 +525,7 @@ def _optimizer_key(sub: str, value: str) -> list[str]:
             )
         return []
     if sub == "fp8_recipe":
-        if value.lower() not in _NULL:
+        if value.lower() not in NULL_SPELLINGS:
             _note(
                 key,
                 f"config key {key}={value} changes nothing: Megatron's optimizer reads it for FP8 parameters "

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 __all__ = [
     "HYDRA_PREFIXES",
+    "NULL_SPELLINGS",
     "check_produced",
     "note_once",
     "parse_bool",
@@ -20,6 +21,8 @@ __all__ = [
 
 HYDRA_PREFIXES = ("++", "+", "~")
 """Hydra's override prefixes: force-add, add, delete (longest first)."""
+NULL_SPELLINGS = ("null", "none", "~", "")
+"""How a command line writes null (compared lower-cased, unquoted)."""
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 

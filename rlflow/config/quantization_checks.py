@@ -26,24 +26,16 @@ _ROLES = {"actor_rollout_ref.actor": "actor_rollout_ref.model", "critic": "criti
 _ROLLOUT = "actor_rollout_ref.rollout"
 
 
-def _get(cfg: Any, key: str) -> Any:
-    """``key`` of the composed (``DictConfig``) or the typed config."""
-    if isinstance(cfg, DictConfig):
-        return value_at(cfg, key)
-    for part in key.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
-
-def fp8_forward(cfg: Any, prefix: str = "actor_rollout_ref.actor") -> str | None:
-    """The FP8 recipe of the role's forward (None = off): the format changes only the gradients."""
-    fmt = _get(cfg, f"{prefix}.fsdp_config.fp8.format")
-    return None if fmt is None else str(_get(cfg, f"{prefix}.fsdp_config.fp8.recipe"))
+def fp8_forward(cfg: Any) -> str | None:
+    """The FP8 recipe of the actor's forward (None = off; the format changes only the gradients), from the
+    composed or the typed config."""
+    fp8 = cfg.actor_rollout_ref.actor.fsdp_config.fp8
+    return None if fp8.format is None else str(fp8.recipe)
 
 
 def rollout_fp8_forward(cfg: Any) -> str | None:
     """The FP8 recipe the rollout decodes with: ``blockwise`` (E4M3) under ``quantization=fp8``, else None."""
-    return "blockwise" if _get(cfg, f"{_ROLLOUT}.quantization") == "fp8" else None
+    return "blockwise" if cfg.actor_rollout_ref.rollout.quantization == "fp8" else None
 
 
 def check_fp8(cfg: DictConfig) -> None:

@@ -26,6 +26,7 @@ quantizing saturates at the format's largest finite value.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import types
@@ -47,7 +48,10 @@ __all__ = [
     "fake_quant",
     "fp8_linear",
     "install_fp8",
+    "is_experts_block",
     "quantize_fp8_weights_",
+    "quantize_matrices_",
+    "use_eager_experts",
 ]
 
 FP8_FORMATS = ("e4m3", "hybrid")
@@ -233,9 +237,17 @@ _ROUTERS = re.compile(r"(^|\.)(gate|router|shared_expert_gate)$")
 """Routers stay in high precision, as Megatron keeps them (``mlp.gate`` of Qwen-MoE, Mixtral, OLMoE)."""
 
 
-def _is_experts(module: nn.Module) -> bool:
+def is_experts_block(module: nn.Module) -> bool:
     """A transformers experts block: its weights stacked over the experts, ``(experts, out, in)``."""
     return any(p.dim() == 3 for p in module.parameters(recurse=False))
+
+
+def use_eager_experts(module: nn.Module) -> None:
+    """Run an experts block through transformers' per-expert loop (one ``F.linear`` per expert, which the
+    FP8 and QAT layers intercept); the grouped kernels multiply all experts in one call."""
+    config = getattr(module, "config", None)
+    if config is not None and hasattr(config, "_experts_implementation"):
+        config._experts_implementation = "eager"
 
 
 def _fp8_experts_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -278,10 +290,8 @@ def install_fp8(model: nn.Module, recipe: Fp8Recipe) -> int:
                 module.__class__ = Fp8Linear
                 module.fp8_recipe = recipe
                 count += 1
-            elif _is_experts(module) and not hasattr(module, "fp8_recipe"):
-                config = getattr(module, "config", None)
-                if config is not None and hasattr(config, "_experts_implementation"):
-                    config._experts_implementation = "eager"
+            elif is_experts_block(module) and not hasattr(module, "fp8_recipe"):
+                use_eager_experts(module)
                 _wrap_experts(module, recipe)
                 count += 1
     if count == 0:
@@ -289,6 +299,14 @@ def install_fp8(model: nn.Module, recipe: Fp8Recipe) -> int:
             f"fp8: {type(model).__name__}'s decoder layers have no linear layers rlflow quantizes"
         )
     return count
+
+
+@torch.no_grad()
+def quantize_matrices_(weight: torch.Tensor, quantize: Any) -> None:
+    """``weight`` (out, in), or stacked over the experts (experts, out, in), replaced in place by
+    ``quantize`` of each of its matrices (cast back to its dtype)."""
+    for matrix in weight if weight.dim() == 3 else weight[None]:
+        matrix.copy_(quantize(matrix).to(matrix.dtype))
 
 
 @torch.no_grad()
@@ -306,9 +324,7 @@ def quantize_fp8_weights_(model: nn.Module) -> int:
         else:
             weights = [p for p in module.parameters(recurse=False) if p.dim() == 3]
         for weight in weights:
-            stacked = weight if weight.dim() == 3 else weight[None]
-            for expert in stacked:
-                expert.copy_(recipe.quantize(expert, "weight", 1).to(expert.dtype))
+            quantize_matrices_(weight, functools.partial(recipe.quantize, kind="weight", contraction_dim=1))
             count += 1
         module.fp8_weight_quantized = True
     return count

@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlflow.models.fp8 import is_experts_block, quantize_matrices_, use_eager_experts
+
 __all__ = [
     "QAT_MODES",
     "QATLinear",
@@ -191,10 +193,6 @@ class QATLinear(nn.Linear):
         return qat_linear(x, self.weight, self.bias, self.qat_spec)
 
 
-def _is_experts(module: nn.Module) -> bool:
-    return any(p.dim() == 3 for p in module.parameters(recurse=False))
-
-
 def qat_targets(model: nn.Module, spec: QATSpec) -> Iterator[tuple[str, nn.Module]]:
     """``(name, module)`` of every layer ``spec`` quantizes: experts blocks (weights stacked over the experts)
     and, under ``w4a16``, linear layers (a fused LM head among them) too; none an ignore pattern names.
@@ -208,7 +206,7 @@ def qat_targets(model: nn.Module, spec: QATSpec) -> Iterator[tuple[str, nn.Modul
         if spec.ignores(name):
             continue
         linear = isinstance(module, nn.Linear) or type(module).__name__ == "FusedLMHead"
-        if _is_experts(module) or (spec.mode == "w4a16" and linear):
+        if is_experts_block(module) or (spec.mode == "w4a16" and linear):
             if id(getattr(module, "weight", None)) in embeddings:
                 raise ValueError(
                     f"qat: {name}'s weight is tied to the input embeddings, which QAT leaves in full precision: "
@@ -253,13 +251,11 @@ def install_qat(model: nn.Module, spec: QATSpec) -> int:
     """
     count = 0
     for name, module in qat_targets(model, spec):
-        if _is_experts(module):
+        if is_experts_block(module):
             if hasattr(module, "fp8_recipe"):
                 module.weight_transform = spec.quantize
             else:
-                config = getattr(module, "config", None)
-                if config is not None and hasattr(config, "_experts_implementation"):
-                    config._experts_implementation = "eager"
+                use_eager_experts(module)
                 # bound to the module (not a closure over it): a deep copy of the model rebinds it
                 module.forward = types.MethodType(_qat_experts_forward, module)  # type: ignore[method-assign]
         elif hasattr(module, "fp8_recipe"):
@@ -292,8 +288,7 @@ def qat_quantize_weights_(model: nn.Module, spec: QATSpec) -> int:
     for _, module in qat_targets(model, spec):
         weights = [p for p in module.parameters(recurse=False) if p.dim() == 3] or [module.weight]
         for weight in weights:
-            for matrix in weight if weight.dim() == 3 else weight[None]:
-                matrix.copy_(spec.quantize(matrix))
+            quantize_matrices_(weight, spec.quantize)
             count += 1
     return count
 

@@ -57,3 +57,15 @@ def random_token_lists(lengths: Sequence[int], seed: int) -> list[list[int]]:
     """Byte-range token ids (3..258) for prompts of the given lengths."""
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(3, 259, (n,), generator=gen).tolist() for n in lengths]
+
+
+def full_forward_logits(model: torch.nn.Module, out: DataProto) -> torch.Tensor:
+    """Logits of the response tokens from one fresh forward over a rollout's whole sequences:
+    (bs, resp_len, vocab), float32."""
+    b = out.batch
+    with torch.no_grad():
+        logits = model(
+            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
+        ).logits
+    prompt_len = b["prompts"].shape[1]
+    return logits[:, prompt_len - 1 : -1].float()

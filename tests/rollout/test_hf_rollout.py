@@ -9,7 +9,7 @@ from rlflow.protocol import DataProto
 from rlflow.rollout import fast_decode, hf
 from rlflow.rollout.hf import HFRollout
 
-from ._tiny import PAD_ID, make_prompts, random_token_lists, rollout_config, tiny_model
+from ._tiny import PAD_ID, full_forward_logits, make_prompts, random_token_lists, rollout_config, tiny_model
 
 LENGTHS = [5, 9, 3, 12]
 WIDTH = 12
@@ -36,17 +36,6 @@ def _greedy(model, token_lists, eos, **kw) -> DataProto:
     return _generate(
         model, token_lists, meta={"eos_token_id": eos}, do_sample=False, calculate_log_probs=True, **kw
     )
-
-
-def _full_forward_logits(model, out: DataProto) -> torch.Tensor:
-    """Logits of the response tokens from one fresh forward over the whole sequence: (bs, resp_len, vocab)."""
-    b = out.batch
-    with torch.no_grad():
-        logits = model(
-            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
-        ).logits
-    prompt_len = b["prompts"].shape[1]
-    return logits[:, prompt_len - 1 : -1].float()
 
 
 def _first_eos_truncation(base: torch.Tensor, eos: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,7 +175,7 @@ def test_seeded_determinism_and_micro_batch_invariance(model, tokens):
 
 def test_greedy_equals_argmax_of_full_forward(model, tokens):
     out = _greedy(model, tokens, eos=2)
-    logits = _full_forward_logits(model, out)
+    logits = full_forward_logits(model, out)
     mask = out.batch["response_mask"].bool()
     assert torch.equal(logits.argmax(-1)[mask], out.batch["responses"][mask])
     ref = torch.log_softmax(logits, -1).gather(-1, out.batch["responses"].unsqueeze(-1)).squeeze(-1)
@@ -205,7 +194,7 @@ def test_rollout_log_probs_match_fresh_forward(model, tokens):
         n=2,
         calculate_log_probs=True,
     )
-    logits = _full_forward_logits(model, out)
+    logits = full_forward_logits(model, out)
     ref = (
         torch.log_softmax(logits / temperature, -1)
         .gather(-1, out.batch["responses"].unsqueeze(-1))
@@ -236,7 +225,7 @@ def test_entropy_and_log_probs_on_request_match_fresh_forward(model, tokens, pac
     assert "rollout_log_probs" not in plain.batch.keys() and "rollout_entropy" not in plain.batch.keys()
     meta = {"eos_token_id": [2, 5, 9], "calculate_log_probs": True, "calculate_entropy": True}
     out = _generate(model, tokens, meta=meta, temperature=temperature, top_k=20, top_p=0.9, n=2)
-    logp = torch.log_softmax(_full_forward_logits(model, out) / temperature, -1)
+    logp = torch.log_softmax(full_forward_logits(model, out) / temperature, -1)
     ref = -(logp.exp() * logp).sum(-1)
     mask = out.batch["response_mask"].bool()
     ent = out.batch["rollout_entropy"]
@@ -364,7 +353,7 @@ def test_ignore_eos_and_min_tokens(model, tokens):
     b = out.batch
     assert not bool((b["responses"][:, :3] == eos).any())
     assert int(b["response_mask"][0].sum()) >= 3
-    logp = torch.log_softmax(_full_forward_logits(model, out), dim=-1)
+    logp = torch.log_softmax(full_forward_logits(model, out), dim=-1)
     want = logp.gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1) * b["response_mask"]
     torch.testing.assert_close(b["rollout_log_probs"], want, rtol=1e-5, atol=1e-5)
     # the masked step picks the best non-EOS token: the greedy argmax is EOS there, so its log-prob is lower

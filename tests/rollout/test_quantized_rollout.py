@@ -14,7 +14,7 @@ from rlflow.models.fp8 import Fp8Linear, Fp8Recipe, install_fp8
 from rlflow.models.qat import QATSpec, install_qat
 from rlflow.rollout.hf import HFRollout
 
-from ._tiny import make_prompts, random_token_lists, rollout_config, tiny_model
+from ._tiny import full_forward_logits, make_prompts, random_token_lists, rollout_config, tiny_model
 
 RESPONSE_LENGTH = 8
 
@@ -29,14 +29,8 @@ def _generate(model: torch.nn.Module, **cfg):
 
 def _response_log_probs(model: torch.nn.Module, out) -> torch.Tensor:
     """log p(response token) from one full forward of ``model`` over the rollout's sequences."""
-    b = out.batch
-    with torch.no_grad():
-        logits = model(
-            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
-        ).logits
-    width = b["prompts"].shape[1]
-    logp = torch.log_softmax(logits[:, width - 1 : -1].float(), -1)
-    return logp.gather(-1, b["responses"][..., None]).squeeze(-1)
+    logp = torch.log_softmax(full_forward_logits(model, out), -1)
+    return logp.gather(-1, out.batch["responses"][..., None]).squeeze(-1)
 
 
 def test_fp8_rollout_log_probs_are_the_fp8_trainers_not_the_plain_models() -> None:
