@@ -15,7 +15,8 @@ responses right-padded) and returns per-sample outputs aligned with the response
 
 Entries at padded response positions (``response_mask == 0``) are meaningless; callers mask them.
 
-With ``use_remove_padding=True`` the micro-batch is packed into one row (``rlflow.models.padding``) and the
+With ``use_remove_padding=True`` the micro-batch is packed into one row (``rlflow.models.padding``; not
+for models with recurrent layers, `keeps_packed_sequences_apart`: their forwards stay padded) and the
 outputs are scattered back to the padded layout; with an SP group of size > 1 the packed row is also padded
 and sliced across the group (``rlflow.parallel.ulysses``), attention runs as Ulysses attention
 (``rlflow.models.attention``, the model must use ``attn_implementation="rlflow_packed"``), and the per-token
@@ -36,7 +37,13 @@ from tensordict import TensorDictBase
 from rlflow.algos.moe import router_losses
 from rlflow.models.attention import PACKED_ATTENTION, PACKED_ATTENTION_ALIASES  # registers "rlflow_packed"
 from rlflow.models.fused_head import fused_head_of
-from rlflow.models.padding import gather_response_outputs, pad_input, unpad_micro_batch, unpad_shared_prompts
+from rlflow.models.padding import (
+    gather_response_outputs,
+    keeps_packed_sequences_apart,
+    pad_input,
+    unpad_micro_batch,
+    unpad_shared_prompts,
+)
 from rlflow.models.router_replay import ROUTED_EXPERTS, RouterReplay, routing_to_tokens, tokens_to_routing
 from rlflow.parallel.ulysses import (
     gather_outputs_and_unpad,
@@ -382,6 +389,13 @@ def forward_micro_batch(
     """
     _check_inputs(micro_batch, output, temperature)
     sp_size = get_ulysses_sequence_parallel_world_size(sp_group)
+    if use_remove_padding and not keeps_packed_sequences_apart(getattr(module, "config", None)):
+        if sp_size > 1:
+            raise ValueError(
+                f"ulysses_sequence_parallel_size={sp_size}: {type(module).__name__} has recurrent (Mamba / "
+                "linear-attention) layers, whose state cannot be split along the sequence; use SP 1"
+            )
+        use_remove_padding = False  # a packed row would carry each sequence's state into the next
     if sp_size > 1 and not use_remove_padding:
         raise ValueError(f"ulysses_sequence_parallel_size={sp_size} > 1 needs use_remove_padding=True")
     if sp_size > 1 and router_top_k is not None:

@@ -16,6 +16,10 @@ outputs only if attention stays inside each sequence:
   (checked on transformers 5.20: with the default ``use_cache`` sequences attend to each other).
 * ``"flash_attention_2"`` (GPU, optional extra) uses varlen kernels from ``position_ids``.
 
+Recurrent layers (Mamba, linear attention: Nemotron-H, Qwen3-Next, Jamba ...) carry a state along the
+token axis that no attention implementation resets, so a packed row leaks each sequence's state into the
+next. `keeps_packed_sequences_apart` tells them apart; `rlflow.models.forward` runs their forwards padded.
+
 No flash-attn dependency: everything here is plain torch indexing, differentiable through autograd.
 """
 
@@ -29,12 +33,29 @@ __all__ = [
     "PackedMicroBatch",
     "gather_response_outputs",
     "index_first_axis",
+    "keeps_packed_sequences_apart",
     "pad_input",
     "shared_prompt_items",
     "unpad_input",
     "unpad_micro_batch",
     "unpad_shared_prompts",
 ]
+
+
+# layer kinds whose state runs along the sequence (config.layer_types / layers_block_type entries)
+_RECURRENT_LAYER_KINDS = ("linear_attention", "mamba", "mamba2", "ssm", "recurrent", "conv")
+_RECURRENT_MODEL_TYPES = ("mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "zamba", "zamba2", "rwkv")
+
+
+def keeps_packed_sequences_apart(config: object) -> bool:
+    """Whether a model with this HF config computes each sequence of a packed row as it would alone
+    (given attention that keeps them apart): False when it has recurrent layers (Mamba, linear attention),
+    read from ``layer_types`` / ``layers_block_type`` / ``model_type``."""
+    config = getattr(config, "get_text_config", lambda: config)()
+    if str(getattr(config, "model_type", "")) in _RECURRENT_MODEL_TYPES:
+        return False
+    kinds = getattr(config, "layer_types", None) or getattr(config, "layers_block_type", None) or ()
+    return not any(any(r in str(kind).lower() for r in _RECURRENT_LAYER_KINDS) for kind in kinds)
 
 
 def _check_mask(attention_mask: torch.Tensor, batch: int, seqlen: int) -> None:

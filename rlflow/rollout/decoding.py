@@ -38,7 +38,14 @@ def _trim_left_padding(
 def _drop_finished_rows(finished: torch.Tensor, cache: Any, *tensors: torch.Tensor) -> list[torch.Tensor]:
     """Keep only unfinished rows: of the KV cache (in place) and of each tensor (returned, same order)."""
     keep = (~finished).nonzero().squeeze(-1)
-    cache.batch_select_indices(keep)
+    layers = getattr(cache, "layers", None) or []
+    if any(not hasattr(layer, "batch_select_indices") for layer in layers):
+        # recurrent (Mamba / linear-attention) state layers select rows through their beam-search reorder
+        for layer in layers:
+            select = getattr(layer, "batch_select_indices", None) or layer.reorder_cache
+            select(keep)
+    else:
+        cache.batch_select_indices(keep)
     return [t[keep] for t in tensors]
 
 
