@@ -43,6 +43,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from rlflow.models.loader import load_tokenizer, resolve_dtype
 from rlflow.models.lora import merge_lora_state_dict
+from rlflow.models.mtp import split_for_export
 from rlflow.models.tiny import TINY_MODEL_SENTINEL, resolve_model_path
 
 __all__ = [
@@ -183,6 +184,14 @@ def build_hf_model(
     return model
 
 
+class _ConfigOnly(torch.nn.Module):
+    """A model stand-in holding only a config (`rlflow.models.mtp.split_for_export` reads its MTP layout)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+
+
 def _copy_generation_config(model: torch.nn.Module, base_path: str) -> None:
     from transformers import GenerationConfig
 
@@ -222,7 +231,9 @@ def merge_checkpoint(
     if dtype is not None:
         cast = resolve_dtype(dtype)
         state = {k: v.to(cast) if v.is_floating_point() else v for k, v in state.items()}
-    model = build_hf_model(_hf_config(base, role, trust_remote_code), role, state, trust_remote_code)
+    config = _hf_config(base, role, trust_remote_code)
+    state, write_mtp = split_for_export(_ConfigOnly(config), state)  # MTP layers: a file of their own
+    model = build_hf_model(config, role, state, trust_remote_code)
     if role == "actor":
         _copy_generation_config(model, base)
     tokenizer = load_tokenizer(base, trust_remote_code=trust_remote_code)
@@ -230,6 +241,8 @@ def merge_checkpoint(
     staging = target.with_name(target.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging)
+    if write_mtp is not None:
+        write_mtp(str(staging))
     tokenizer.save_pretrained(staging)
     if target.exists():
         shutil.rmtree(target)

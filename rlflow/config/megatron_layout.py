@@ -39,8 +39,12 @@ flash attention, MoE dispatch, pipeline stage split)       computes, not what
                                                            reference's: ``0`` only
 ``override_transformer_config.                             ``0`` only (no aux-loss-free bias update)
 moe_router_bias_update_rate``
-``override_transformer_config.dsa_indexer_loss_coeff``,   their off values only (0 / null); the other
-``mtp_num_layers``                                         ``mtp_*`` keys dropped, logged
+``override_transformer_config.dsa_indexer_loss_coeff``    its off value only (0)
+``override_transformer_config.mtp_num_layers`` /           the actor's: ``actor_rollout_ref.model.mtp.
+``mtp_loss_scaling_factor`` / ``mtp_use_repeated_layer`` / num_layers`` / ``mtp_loss_scaling_factor`` /
+``mtp_hybrid_override_pattern``                            ``use_repeated_layer`` / ``hybrid_override_pattern``
+                                                           (`rlflow.config.mtp_schema`); ``keep_mtp_spec_in_
+                                                           bf16`` dropped, logged
 ``override_transformer_config.fp8`` / ``fp8_recipe``       ``<role>.fsdp_config.fp8.format`` / ``recipe``
                                                            (actor, critic: TE's recipes emulated,
                                                            `rlflow.config.megatron_precision`;
@@ -80,6 +84,7 @@ import logging
 from collections.abc import Iterable
 
 from rlflow.config.megatron_precision import check_fp8_recipe_given, fp8_key, qat_key
+from rlflow.config.mtp_schema import mtp_megatron_key
 from rlflow.config.override_syntax import (
     NULL_SPELLINGS,
     check_produced,
@@ -192,15 +197,6 @@ KERNEL_SWITCHES: dict[str, str] = {
     "init_method_std": "the initialisation of new weights (the model's come from model.path)",
     "dsa_indexer_use_sparse_loss": "how the DeepSeek sparse-attention indexer's loss is computed (rlflow adds "
     "none: dsa_indexer_loss_coeff is 0 only)",
-    **{
-        key: "a multi-token-prediction option, read only with mtp_num_layers > 0, which rlflow refuses"
-        for key in (
-            "mtp_loss_scaling_factor",
-            "mtp_use_repeated_layer",
-            "mtp_hybrid_override_pattern",
-            "keep_mtp_spec_in_bf16",
-        )
-    },
 }
 """``override_transformer_config`` keys whose every value rlflow's one code path satisfies -> why."""
 
@@ -217,8 +213,6 @@ _ZERO_ONLY = {
     "moe_router_bias_update_rate": f"the aux-loss-free router bias update {_ROUTER_ELSEWHERE}",
     "dsa_indexer_loss_coeff": "the DeepSeek sparse-attention indexer's loss is not part of rlflow's loss (the "
     "Hugging Face model computes its attention as its config says)",
-    "mtp_num_layers": "multi-token prediction (extra prediction layers and their loss) is not supported: "
-    "rlflow trains the model's next-token head",
 }
 _OPTIM = f"{ACTOR}.optim.override_optimizer_config"
 
@@ -413,9 +407,12 @@ def _transformer_key(role: str, sub: str, value: str, aux_on: bool = False) -> l
     if sub in KERNEL_SWITCHES:
         _note(key, f"config key {key}={value} changes nothing: {KERNEL_SWITCHES[sub]}")
         return []
+    mtp = mtp_megatron_key(role, sub, value, ACTOR)
+    if mtp is not None:
+        return mtp
     if sub in _ZERO_ONLY:
         try:
-            number = 0.0 if sub == "mtp_num_layers" and value.lower() in NULL_SPELLINGS else float(value)
+            number = float(value)
         except ValueError:
             raise ValueError(f"{key}={value}: expected a number") from None
         if number != 0.0:

@@ -38,6 +38,7 @@ from rlflow.config.engine_schema import (
     WrapPolicySection,
 )
 from rlflow.config.interpolation import II
+from rlflow.config.mtp_schema import MtpConfig
 from rlflow.config.reward_schema import (
     RewardModelConfig,
     RewardModelPathConfig,
@@ -247,6 +248,7 @@ class ModelConfig:
         custom_chat_template: a Jinja chat template replacing the tokenizer's own (verl's key): the
             prompts are rendered with it, and the tokenizers saved with checkpoints and exports carry it.
             Rendered once on a sample conversation before Ray starts.
+        mtp: the checkpoint's multi-token-prediction layers on the actor (`rlflow.config.mtp_schema`).
     """
 
     path: str | None = None
@@ -268,6 +270,7 @@ class ModelConfig:
     lora_adapter_path: str | None = None
     tiled_mlp: TiledMLPConfig = field(default_factory=TiledMLPConfig)
     custom_chat_template: str | None = None
+    mtp: MtpConfig = field(default_factory=MtpConfig)
 
 
 @dataclass

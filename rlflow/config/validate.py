@@ -52,6 +52,7 @@ from rlflow.config.file_checks import check_data_tokenizer, check_files, check_u
 from rlflow.config.lora_checks import check_lora
 from rlflow.config.loss_checks import check_policy_loss
 from rlflow.config.megatron_checks import check_megatron, check_router_replay_settings
+from rlflow.config.mtp_schema import check_mtp
 from rlflow.config.quantization_checks import check_fp8, check_qat
 from rlflow.config.resource_checks import check_local_resources
 from rlflow.config.reward_checks import check_filter_groups, check_pf_ppo, check_reward_model
@@ -587,6 +588,7 @@ def validate_config(
     check_rollout(cfg)
     check_fp8(cfg)
     check_qat(cfg)
+    check_mtp(cfg)
     _check_critic(cfg)
     check_reward_model(cfg)
     check_filter_groups(cfg)

@@ -34,6 +34,7 @@ from rlflow.engine.ppo_loop import (
     split_micro_batches,
 )
 from rlflow.models.forward import forward_micro_batch, reads_shared_prompts
+from rlflow.models.mtp import mtp_token_counts, predictor_of
 from rlflow.models.router_replay import ROUTED_EXPERTS, RouterReplay
 from rlflow.protocol import DataProto
 from rlflow.utils.torch_functional import masked_mean
@@ -108,10 +109,16 @@ class DataParallelPPOActor:
         self.log_prob = log_prob
         self.temperature = float(temperature)
         self.use_remove_padding = bool(use_remove_padding)
+        predictor = predictor_of(
+            actor_module
+        )  # the MTP layers (rlflow.models.mtp): their loss with enable_train
+        self.mtp = predictor.spec if predictor is not None and predictor.spec.train else None
+        self._mtp_out: tuple[Any, Any] = (None, None)  # of the last training forward
         # the forwards pack shared prompts only where the attention reads them and no router loss counts tokens
         self.share_prompts = (
             bool(share_prompts)
             and self.use_remove_padding
+            and self.mtp is None
             and router_top_k is None
             and router_replay == "disabled"
             and reads_shared_prompts(actor_module)
@@ -157,8 +164,10 @@ class DataParallelPPOActor:
             router_top_k=self.router_top_k if self.actor_module.training else None,  # the update's forwards
             share_prompts=self.share_prompts,
             routing=self._routing_action(micro_batch),
+            mtp=self.mtp is not None and self.actor_module.training,
         )
         self._router_losses = (out.get("moe_aux_loss"), out.get("moe_z_loss"))
+        self._mtp_out = (out.get("mtp_loss_sums"), out.get("mtp_counts"))
         self._recorded_routing = out.get(ROUTED_EXPERTS)
         return out.get("entropy"), out["log_probs"]
 
@@ -333,6 +342,9 @@ class DataParallelPPOActor:
             if self.router_top_k is not None
             else None
         )
+        mtp_counts = (
+            mtp_token_counts(mini.batch, self.mtp.depths, self.dp_group) if self.mtp is not None else None
+        )
         for mb in micro.batches:
             mask = mb["response_mask"]
             entropy, log_probs = self._forward_micro_batch(
@@ -366,6 +378,8 @@ class DataParallelPPOActor:
                 acc.add_rank_share("actor/kl_loss", kl)
             if router_tokens is not None:
                 loss = loss + self._router_loss(mb, router_tokens, norm["dp_size"], acc)
+            if mtp_counts is not None:
+                loss = loss + self._mtp_loss(mtp_counts, norm["dp_size"], acc)
             loss.backward()
             n_tok = float(mask.sum())
             acc.add_rank_share("actor/pg_loss", pg_loss)
@@ -422,6 +436,23 @@ class DataParallelPPOActor:
         acc.add_rank_share("actor/moe_aux_loss", share * aux.detach())
         acc.add_rank_share("actor/moe_z_loss", share * z.detach())
         return share * (float(self.config.moe_aux_loss_coef) * aux + float(self.config.moe_z_loss_coef) * z)
+
+    def _mtp_loss(self, counts: torch.Tensor, dp_size: int, acc: MetricAccumulator) -> torch.Tensor:
+        """``mtp_loss_scaling_factor / D * sum_k loss_k`` of the last forward, ``loss_k`` the depth's
+        cross-entropy summed over this micro-batch and divided by the mini-batch's count over all ranks
+        (`mtp_token_counts`), so the mini-batch's terms add up to the token mean; ``actor/mtp_loss`` (the
+        depths' mean) and ``actor/mtp_loss/depth_k`` are those means."""
+        sums, _ = self._mtp_out
+        if sums is None:
+            raise ValueError(
+                "the MTP loss is on but _forward_micro_batch returned none (an override must pass "
+                "mtp=self.mtp is not None and self.actor_module.training to forward_micro_batch)"
+            )
+        means = dp_size * sums / counts.clamp(min=1).to(sums.dtype)
+        for k, value in enumerate(means.detach()):
+            acc.add_rank_share(f"actor/mtp_loss/depth_{k + 1}", value)
+        acc.add_rank_share("actor/mtp_loss", means.detach().mean())
+        return self.mtp.loss_scale * means.mean()
 
     def _reinforce_loss(
         self, mb: Any, log_probs: torch.Tensor, mode: str, norm: dict[str, Any], acc: MetricAccumulator

@@ -28,7 +28,7 @@ equal the gradient without SP (see ``rlflow.parallel.ulysses``). ``use_cache=Fal
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -37,6 +37,7 @@ from tensordict import TensorDictBase
 from rlflow.algos.moe import router_losses
 from rlflow.models.attention import PACKED_ATTENTION, PACKED_ATTENTION_ALIASES  # registers "rlflow_packed"
 from rlflow.models.fused_head import fused_head_of
+from rlflow.models.mtp import depth_streams, predictor_of
 from rlflow.models.padding import (
     gather_response_outputs,
     keeps_packed_sequences_apart,
@@ -228,6 +229,35 @@ def _routing(
     recorded[ROUTED_EXPERTS] = tokens_to_routing(tokens, bs, seqlen, indices, mask)
 
 
+@contextlib.contextmanager
+def _mtp_request(
+    module: torch.nn.Module, mb: MicroBatch, packed: Any, mtp: bool
+) -> Iterator[dict[str, torch.Tensor]]:
+    """With ``mtp``, the model's MTP layers (`rlflow.models.mtp`) run in the forward inside this context on
+    the micro-batch's depth streams (packed like the input when ``packed``); the yielded dict then holds
+    ``mtp_loss_sums`` and ``mtp_counts``, each (D,)."""
+    extra: dict[str, torch.Tensor] = {}
+    predictor = predictor_of(module) if mtp else None
+    if predictor is None:
+        if mtp:
+            raise ValueError(
+                "an MTP loss was asked for but the model has no MTP layers (actor_rollout_ref.model.mtp)"
+            )
+        yield extra
+        return
+    response_len = mb["responses"].shape[1]
+    streams = depth_streams(
+        mb["input_ids"], mb["attention_mask"], mb["attention_mask"][:, -response_len:], predictor.spec.depths
+    )
+    if packed is not None:
+        streams = tuple([x.reshape(-1)[packed.indices][None] for x in stream] for stream in streams)
+    with predictor.request(*streams) as request:
+        yield extra
+        if request.loss_sums is None:
+            raise RuntimeError("the model's forward did not reach its LM head: the MTP layers did not run")
+        extra.update(mtp_loss_sums=request.loss_sums, mtp_counts=request.counts)
+
+
 def _padded_forward(
     module: torch.nn.Module,
     mb: MicroBatch,
@@ -237,6 +267,7 @@ def _padded_forward(
     compiled: bool = False,
     router_top_k: int | None = None,
     routing: str | None = None,
+    mtp: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Forward on the padded (bs, seqlen) batch with its 2-D attention mask."""
     fused = fused_head_of(module) if output == "log_probs" else None
@@ -246,7 +277,11 @@ def _padded_forward(
         labels = torch.zeros_like(mb["input_ids"])
         labels[:, -response_len - 1 : -1] = mb["responses"]
         request = fused.request(labels, temperature)
-    with request, _routing(module, mb, routing, None) as recorded:
+    with (
+        request,
+        _routing(module, mb, routing, None) as recorded,
+        _mtp_request(module, mb, None, mtp) as extra,
+    ):
         outputs = module(
             input_ids=mb["input_ids"],
             attention_mask=mb["attention_mask"],
@@ -254,7 +289,7 @@ def _padded_forward(
             use_cache=False,
             **_router_kwargs(router_top_k),
         )
-    router = {**_router_outputs(outputs, router_top_k, mb["attention_mask"]), **recorded}
+    router = {**_router_outputs(outputs, router_top_k, mb["attention_mask"]), **recorded, **extra}
     head = _token_head(outputs, output)
     if fused is not None:
         head = head[:, -response_len - 1 : -1]
@@ -284,6 +319,7 @@ def _packed_token_outputs(
     router_top_k: int | None = None,
     share_prompts: bool = False,
     routing: str | None = None,
+    mtp: bool = False,
 ) -> tuple[dict[str, torch.Tensor], Any, dict[str, torch.Tensor]]:
     """Per-token outputs ``(total_tokens,)`` of the packed (and SP-sliced, then gathered) forward, and its
     router losses (when ``router_top_k`` is set; every packed token is a valid one). ``share_prompts``:
@@ -291,7 +327,7 @@ def _packed_token_outputs(
     attention reads such rows (``"rlflow_packed"``); router losses are means over the packed tokens, so
     they keep the plain packing, as does routing replay."""
     packed = None
-    plain = router_top_k is not None or routing is not None or output == "scores"
+    plain = router_top_k is not None or routing is not None or output == "scores" or mtp
     if share_prompts and not plain and reads_shared_prompts(module):
         packed = unpad_shared_prompts(
             mb["input_ids"], mb["attention_mask"], mb["position_ids"], mb["responses"].shape[1]
@@ -311,6 +347,7 @@ def _packed_token_outputs(
         ulysses_group(sp_group if sp_size > 1 else None),
         request,
         _routing(module, mb, routing, packed, sliced) as recorded,
+        _mtp_request(module, mb, packed, mtp) as extra,
     ):
         outputs = module(
             input_ids=ids,
@@ -320,7 +357,7 @@ def _packed_token_outputs(
             **_router_kwargs(router_top_k),
         )
         head = _token_head(outputs, output)[0]
-    router = {**_router_outputs(outputs, router_top_k, None), **recorded}
+    router = {**_router_outputs(outputs, router_top_k, None), **recorded, **extra}
     if fused is not None:
         local = _fused_outputs(head, calculate_entropy)
     elif output == "log_probs":
@@ -350,6 +387,7 @@ def forward_micro_batch(
     router_top_k: int | None = None,
     share_prompts: bool = False,
     routing: str | None = None,
+    mtp: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Run ``module`` on one padded micro-batch and return response-aligned outputs.
 
@@ -380,6 +418,9 @@ def forward_micro_batch(
             top_k)`` int16 (-1 off the valid tokens); ``"replay"`` routes through the micro-batch's
             ``routed_experts`` (kept set for the backward until the model's `RouterReplay` is stopped or
             given the next targets); None = live routing.
+        mtp: also run the model's multi-token-prediction layers (`rlflow.models.mtp`) and return each
+            depth's cross-entropy summed over the response tokens it predicts, ``mtp_loss_sums`` (D,),
+            differentiable, and their number ``mtp_counts`` (D,). Not with SP > 1.
 
     Returns:
         ``{"log_probs": (bs, response_len)[, "entropy": (bs, response_len)]}``, ``{"values": (bs,
@@ -398,6 +439,8 @@ def forward_micro_batch(
         use_remove_padding = False  # a packed row would carry each sequence's state into the next
     if sp_size > 1 and not use_remove_padding:
         raise ValueError(f"ulysses_sequence_parallel_size={sp_size} > 1 needs use_remove_padding=True")
+    if sp_size > 1 and mtp:
+        raise ValueError(f"the MTP loss with ulysses_sequence_parallel_size={sp_size}: use SP 1")
     if sp_size > 1 and router_top_k is not None:
         raise ValueError(
             f"router losses with ulysses_sequence_parallel_size={sp_size}: each rank would see a slice of the "
@@ -405,7 +448,7 @@ def forward_micro_batch(
         )
     if not use_remove_padding:
         return _padded_forward(
-            module, micro_batch, output, temperature, calculate_entropy, compiled, router_top_k, routing
+            module, micro_batch, output, temperature, calculate_entropy, compiled, router_top_k, routing, mtp
         )
     _check_attn_implementation(module, sp_size)
     tokens, packed, router = _packed_token_outputs(
@@ -419,6 +462,7 @@ def forward_micro_batch(
         router_top_k,
         share_prompts,
         routing,
+        mtp,
     )
     bs, seqlen = packed.batch_size, packed.seqlen
     if output == "scores":

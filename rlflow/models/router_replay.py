@@ -35,6 +35,8 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from rlflow.models.mtp import is_mtp_name
+
 __all__ = [
     "REPLAY_MODES",
     "ROUTED_EXPERTS",
@@ -58,7 +60,9 @@ def moe_routers(model: nn.Module) -> list[nn.Module]:
     """The model's MoE router modules in forward order (empty for a dense model).
 
     A router is a module of the class the model records its ``router_logits`` from
-    (``_can_record_outputs``); it must expose ``top_k`` and its number of experts.
+    (``_can_record_outputs``); it must expose ``top_k`` and its number of experts. The routers of the
+    multi-token-prediction layers (`rlflow.models.mtp`) are not among them: the rollout runs without those
+    layers, so their routing is always live.
     """
     classes: set[type] = set()
     for module in model.modules():
@@ -66,7 +70,9 @@ def moe_routers(model: nn.Module) -> list[nn.Module]:
         target = getattr(recorder, "target_class", recorder)
         if isinstance(target, type):
             classes.add(target)
-    return [m for m in model.modules() if isinstance(m, tuple(classes))] if classes else []
+    if not classes:
+        return []
+    return [m for n, m in model.named_modules() if isinstance(m, tuple(classes)) and not is_mtp_name(n)]
 
 
 def _num_experts(router: nn.Module) -> int:

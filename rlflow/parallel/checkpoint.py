@@ -350,6 +350,8 @@ def export_hf(
     hf_config: Any | None = None,
     dtype: torch.dtype | None = None,
     state_fn: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
+    split_fn: Callable[[nn.Module, dict[str, torch.Tensor]], tuple[dict[str, torch.Tensor], Any]]
+    | None = None,
 ) -> str:
     """Write a HF model directory (config, safetensors, generation config, tokenizer) (collective).
 
@@ -366,6 +368,9 @@ def export_hf(
         dtype: cast floating-point weights to this dtype (e.g. ``torch.bfloat16``); ``None`` keeps them.
         state_fn: applied to the full state dict on rank 0 before anything else, e.g.
             `rlflow.models.lora.merge_lora_state_dict` (the adapters folded into the base weights).
+        split_fn: ``(unwrapped model, state) -> (state for the model's class, writer or None)``, after
+            ``state_fn``; the writer is called with the staging directory after ``save_pretrained``, e.g.
+            `rlflow.models.mtp.split_for_export` (the MTP layers to a file of their own).
 
     Returns:
         ``out_dir`` as a string.
@@ -375,6 +380,9 @@ def export_hf(
         if state_fn is not None:
             state = state_fn(state)
         inner = unwrap_model(model)
+        extra = None
+        if split_fn is not None:
+            state, extra = split_fn(inner, state)
         # A copy: save_pretrained records dtype/architectures in the config it writes.
         config = copy.deepcopy(hf_config if hf_config is not None else inner.config)
         if dtype is not None:
@@ -393,6 +401,8 @@ def export_hf(
         staging = target.with_name(target.name + ".tmp")
         shutil.rmtree(staging, ignore_errors=True)
         hf_model.save_pretrained(staging)
+        if extra is not None:
+            extra(str(staging))
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
         if target.exists():

@@ -22,6 +22,7 @@ from rlflow.config.schema import OptimConfig, PPOTrainerConfig
 from rlflow.engine.optim import build_lr_scheduler, build_optimizer
 from rlflow.models.loader import load_model_config
 from rlflow.models.lora import merge_lora_state_dict
+from rlflow.models.mtp import split_for_export
 from rlflow.models.peft_adapter import ADAPTER_DIR, save_peft_adapter
 from rlflow.parallel.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from rlflow.parallel.distributed import current_device
@@ -177,7 +178,9 @@ class RoleWorker(Worker):
         hf_dir = os.path.join(path, "huggingface")
         tokenizer = role_tokenizer(model) if self.rank == 0 else None
         if saves_hf_model(self.checkpoint_section()):
-            export_hf(self.module, tokenizer, hf_dir, state_fn=merge_lora_state_dict)
+            export_hf(
+                self.module, tokenizer, hf_dir, state_fn=merge_lora_state_dict, split_fn=split_for_export
+            )
         elif self.rank == 0:
             _hf_config(model).save_pretrained(hf_dir)
             tokenizer.save_pretrained(hf_dir)
@@ -239,4 +242,4 @@ class RoleWorker(Worker):
         """Write a HF model directory (with the tokenizer) that ``from_pretrained`` loads."""
         model = self.layout.model
         tokenizer = role_tokenizer(model)
-        export_hf(self.module, tokenizer, out_dir, state_fn=merge_lora_state_dict)
+        export_hf(self.module, tokenizer, out_dir, state_fn=merge_lora_state_dict, split_fn=split_for_export)

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 
+from rlflow.config.mtp_schema import mtp_spec
 from rlflow.config.schema import FSDPConfig, PPOTrainerConfig
 from rlflow.models.attention import set_packed_attention
 from rlflow.models.cpu_linear import install_onednn_linear, resolve_cpu_linear_kernel
@@ -24,6 +25,7 @@ from rlflow.models.fp8 import Fp8Recipe, install_fp8
 from rlflow.models.fused_head import install_fused_head
 from rlflow.models.loader import load_causal_lm, load_tokenizer, load_value_model, meta_model
 from rlflow.models.lora import LoRASpec, inject_lora, output_head
+from rlflow.models.mtp import install_mtp
 from rlflow.models.peft_adapter import apply_peft_adapter, lora_spec
 from rlflow.models.qat import QATSpec, install_qat
 from rlflow.models.tiled_mlp import install_tiled_mlp
@@ -99,6 +101,7 @@ class RoleLayout:
         cpu_linear_kernel: ``trainer.cpu_linear_kernel`` (`rlflow.models.cpu_linear`): auto | aten | onednn.
         qat: the actor's quantization-aware training (`rlflow.models.qat`), the reference's too (its
             forward sees its weights quantized the same way); None = off.
+        mtp: the actor's ``model.mtp`` section (`rlflow.models.mtp`); None for the other roles.
     """
 
     key_prefix: str
@@ -110,6 +113,7 @@ class RoleLayout:
     lora: LoRASpec | None = None
     cpu_linear_kernel: str = "aten"
     qat: QATSpec | None = None
+    mtp: Any = None
 
 
 def model_key(layout: RoleLayout) -> str:
@@ -132,6 +136,7 @@ def actor_layout(config: PPOTrainerConfig) -> RoleLayout:
         lora_spec(arr.model),
         config.trainer.cpu_linear_kernel,
         qat_spec(actor.qat),
+        arr.model.mtp,
     )
 
 
@@ -281,6 +286,8 @@ def build_role_module(
             model = load_causal_lm(
                 path, attn_implementation=attn, trust_remote_code=trust, override_config=overrides
             )
+        if layout.mtp is not None and (spec := mtp_spec(model_cfg, model.config)) is not None:
+            install_mtp(model, spec, None if device.type == "meta" else path, seed)
         if weight_dtype != torch.float32:  # fsdp_config.model_dtype: before the adapters, which follow it
             model.to(weight_dtype)
         if layout.lora is not None:

@@ -54,6 +54,14 @@ REFUSED = {
     "actor_rollout_ref.actor.qat.quantization_config_path": "/tmp/quant.json",  # verl's vLLM config
     "actor_rollout_ref.actor.fsdp_config.grad_offload": True,
     "critic.fsdp_config.grad_offload": True,
+    # MTP speculative decoding in the rollout engine (refused) and its draft settings
+    "actor_rollout_ref.model.mtp.enable_rollout": True,
+    "actor_rollout_ref.model.mtp.method": "eagle",
+    "actor_rollout_ref.model.mtp.num_speculative_tokens": 2,
+    "actor_rollout_ref.model.mtp.speculative_algorithm": "NEXTN",
+    "actor_rollout_ref.model.mtp.speculative_eagle_topk": 2,
+    "actor_rollout_ref.model.mtp.speculative_num_draft_tokens": 8,
+    "actor_rollout_ref.model.mtp.speculative_num_steps": 2,
 }
 """Keys kept for verl compatibility whose other values rlflow refuses, with such a value."""
 

@@ -152,7 +152,10 @@ def test_newer_megatron_kernel_switches_and_off_values_are_dropped():
     ) == [f"{A}.moe_aux_loss_coef=0.01"]
     for override, message in (
         (f"+{T}.dsa_indexer_loss_coeff=0.1", "the DeepSeek sparse-attention indexer's loss is not part"),
-        (f"+{T}.mtp_num_layers=1", "multi-token prediction (extra prediction layers and their loss)"),
+        (
+            f"+{REF}.megatron.override_transformer_config.mtp_num_layers=1",
+            "multi-token prediction is the actor's",
+        ),
         (f"+{T}.fp8=e4m3", "Megatron's default recipe is delayed scaling"),
         (f"+{T}.fp8_recipe=delayed", "delayed scaling (scales from an amax history"),
         (
@@ -164,6 +167,33 @@ def test_newer_megatron_kernel_switches_and_off_values_are_dropped():
             rewrite_overrides([override])
     with pytest.raises(ValueError, match=re.escape("turns Megatron's load-balancing loss off")):
         rewrite_overrides([f"+{T}.moe_router_load_balancing_type=none", f"+{T}.moe_aux_loss_coeff=0.01"])
+
+
+def test_megatron_mtp_keys_are_read_onto_the_actors_mtp_section():
+    """Nemotron 3.5 Lightning's MTP keys: depths, repeated layer, pattern and loss weight onto
+    ``actor_rollout_ref.model.mtp``; ``keep_mtp_spec_in_bf16`` dropped."""
+    got = rewrite_overrides(
+        [
+            f"+{T}.mtp_num_layers=2",
+            f'+{T}.mtp_hybrid_override_pattern="*E"',
+            f"+{T}.mtp_use_repeated_layer=True",
+            f"+{T}.keep_mtp_spec_in_bf16=True",
+            f"+{T}.mtp_loss_scaling_factor=0.3",
+        ]
+    )
+    mtp = "actor_rollout_ref.model.mtp"
+    assert got == [
+        f"{mtp}.num_layers=2",
+        f"{mtp}.hybrid_override_pattern=*E",  # unquoted by the rewrite; Hydra reads it as the string
+        f"{mtp}.use_repeated_layer=True",
+        f"{mtp}.mtp_loss_scaling_factor=0.3",
+    ]
+    assert (
+        rewrite_overrides(
+            [f"+{T}.mtp_num_layers=null", f"+{REF}.megatron.override_transformer_config.mtp_num_layers=0"]
+        )
+        == []
+    )
 
 
 def test_megatron_remove_padding_is_the_models_and_must_agree_with_it():

@@ -12,9 +12,11 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from rlflow.config import load_config
 from rlflow.trainer.main_ppo import prepare_config, run_ppo
+from tests.tiny_hybrid_model import save_tiny_hybrid_model
 from tests.tiny_moe_model import save_tiny_moe_model
 from tests.tiny_reward_model import save_tiny_reward_model
 
@@ -25,6 +27,7 @@ from .verl_scripts import (
     GMPO_QWEN3_8B,
     GPG_QWEN2_7B_MATH,
     GRPO_MISTRAL31_24B,
+    GRPO_NEMOTRON_35_LIGHTNING_MEGATRON,
     GRPO_QWEN2_7B_MATH_MEGATRON,
     GRPO_QWEN2_7B_SEQ_BALANCE,
     GRPO_QWEN3_8B_NPU,
@@ -54,9 +57,19 @@ def moe_model_dir(tmp_path_factory) -> str:
     return save_tiny_moe_model(tmp_path_factory.mktemp("moe"))
 
 
-def _environment(overrides: list[str], reward_model_dir: str, moe_model_dir: str = "") -> list[str]:
+@pytest.fixture(scope="module")
+def hybrid_model_dir(tmp_path_factory) -> str:
+    """A tiny Nemotron-H (Mamba, attention, MoE layers) with a multi-token-prediction layer in its checkpoint."""
+    return save_tiny_hybrid_model(tmp_path_factory.mktemp("hybrid"), with_mtp=True)
+
+
+def _environment(
+    overrides: list[str], reward_model_dir: str, moe_model_dir: str = "", hybrid_model_dir: str = ""
+) -> list[str]:
     return [
-        o.replace("{reward_model_dir}", reward_model_dir).replace("{moe_model_dir}", moe_model_dir)
+        o.replace("{reward_model_dir}", reward_model_dir)
+        .replace("{moe_model_dir}", moe_model_dir)
+        .replace("{hybrid_model_dir}", hybrid_model_dir)
         for o in overrides
     ]
 
@@ -67,8 +80,8 @@ def _config_name(name: str) -> str:
 
 
 @pytest.mark.parametrize("name", sorted(PORTS))
-def test_port_composes_and_passes_every_check(name, reward_model_dir, moe_model_dir):
-    overrides = _environment(PORTS[name], reward_model_dir, moe_model_dir)
+def test_port_composes_and_passes_every_check(name, reward_model_dir, moe_model_dir, hybrid_model_dir):
+    overrides = _environment(PORTS[name], reward_model_dir, moe_model_dir, hybrid_model_dir)
     cfg = load_config(overrides, config_name=_config_name(name))
     prepare_config(cfg, build_warm_start=False)
 
@@ -336,6 +349,53 @@ def test_megatron_moe_port_runs_two_steps_with_its_router_losses_and_routing_rep
         assert 0 < h["perf/mfu/actor"] < 1  # MoE FLOPs: the tokens' routers and chosen experts
         if replay == "R3":  # the same weights and fp32 numerics: the trainer picks the rollout's experts
             assert 0.0 <= h["actor/router_replay_rollout_mismatch"] < 0.01
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_nemotron_mtp_port_trains_the_mtp_layer_and_exports_it(tmp_path, hybrid_model_dir):
+    """Nemotron 3.5 Lightning's script on a tiny Nemotron-H with an MTP layer (tests/models/test_mtp.py checks
+    its loss against a hand-written forward): the repeated ``*E`` layer runs 2 depths, its loss (weight 0.3,
+    encoder detached) is in the actor's update, the rollout decodes without it, and the actor's checkpoint
+    exports it in Nemotron-H's names."""
+    from safetensors.torch import load_file
+
+    overrides = _environment(GRPO_NEMOTRON_35_LIGHTNING_MEGATRON, "", "", hybrid_model_dir)
+    overrides += [
+        "trainer.save_freq=2",  # env: 50
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]",
+        "actor_rollout_ref.actor.optim.lr=1e-3",  # env: 1e-6, so that two steps move the weights
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=0",  # env: 10
+    ]
+    cfg = load_config([*overrides, *_local(tmp_path)], config_name="ppo_megatron_trainer")
+    mtp = cfg.actor_rollout_ref.model.mtp
+    assert (mtp.num_layers, mtp.use_repeated_layer, mtp.mtp_loss_scaling_factor) == (2, True, 0.3)
+    steps = _steps(run_ppo(cfg)["history"])
+    for h in steps:
+        # cross-entropy over a 259-token vocabulary: ln(259) = 5.56 for a uniform guess
+        for key in ("actor/mtp_loss", "actor/mtp_loss/depth_1", "actor/mtp_loss/depth_2"):
+            assert 1.0 < h[key] < 12.0, key
+        assert h["actor/mtp_loss"] == pytest.approx(
+            (h["actor/mtp_loss/depth_1"] + h["actor/mtp_loss/depth_2"]) / 2
+        )
+        # the MTP layer does not touch the main model's log-probs (bf16 forwards on both sides)
+        assert h["training/rollout_probs_diff_max"] < 0.05
+    hf = tmp_path / "ckpt" / "global_step_2" / "actor" / "huggingface"
+    exported, original = (
+        load_file(hf / "model-mtp.safetensors"),
+        load_file(f"{hybrid_model_dir}/model-mtp.safetensors"),
+    )
+    assert sorted(exported) == sorted(original)
+    moved = [k for k in original if not torch.equal(exported[k].float(), original[k].float())]
+    assert "mtp.layers.0.eh_proj.weight" in moved  # trained
+    main = load_file(hf / "model.safetensors")
+    assert not any(k.startswith("mtp.") for k in main)
+    # the merger (verl's model_merger) writes the same tensors from the sharded checkpoint
+    from rlflow.model_merger import merge_checkpoint
+
+    merged = merge_checkpoint(tmp_path / "ckpt" / "global_step_2" / "actor", tmp_path / "merged")
+    again = load_file(f"{merged}/model-mtp.safetensors")
+    assert all(torch.equal(again[k], exported[k]) for k in exported)
 
 
 @pytest.mark.slow
