@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
-
-from omegaconf import DictConfig
+from typing import TYPE_CHECKING, Any
 
 from rlflow.config.override_syntax import NULL_SPELLINGS, note_once, parse_bool
+
+if TYPE_CHECKING:  # the schema is imported where omegaconf is not installed (scripts/gpu_check.py)
+    from omegaconf import DictConfig
 
 __all__ = ["MtpConfig", "check_mtp", "mtp_megatron_key", "mtp_spec"]
 

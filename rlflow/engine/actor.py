@@ -109,9 +109,8 @@ class DataParallelPPOActor:
         self.log_prob = log_prob
         self.temperature = float(temperature)
         self.use_remove_padding = bool(use_remove_padding)
-        predictor = predictor_of(
-            actor_module
-        )  # the MTP layers (rlflow.models.mtp): their loss with enable_train
+        # the MTP layers (rlflow.models.mtp): their loss when they train
+        predictor = predictor_of(actor_module)
         self.mtp = predictor.spec if predictor is not None and predictor.spec.train else None
         self._mtp_out: tuple[Any, Any] = (None, None)  # of the last training forward
         # the forwards pack shared prompts only where the attention reads them and no router loss counts tokens

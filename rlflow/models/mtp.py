@@ -19,7 +19,8 @@ architecture's names (`MTPLayout`), or initialises them when the checkpoint has 
 `checkpoint_tensors` gives them back in those names for export.
 
 The loss (`MultiTokenPredictor.request`, opened by `rlflow.models.forward`): the MTP layers run inside the
-model's forward, from a pre-hook on the LM head (so FSDP gathers their weights as for the head), on the
+model's forward, from a pre-hook the request puts on the LM head (so FSDP gathers their weights as for the
+head; the fused head, `rlflow.models.fused_head`, included), on the
 token streams `depth_streams` rolled from the micro-batch; each depth's cross-entropy is summed over the
 response tokens it predicts. ``detach_encoder`` feeds the layers detached hidden states, embeddings and
 head weight: the loss then trains the MTP layers only.
@@ -209,12 +210,7 @@ class MultiTokenPredictor(nn.Module):
             [MTPLayer(model, _build_blocks(model, layout, p), hidden, eps) for p in range(physical)]
         )
         self._request: _Request | None = None
-        self._embed = [model.get_input_embeddings()]  # lists: not submodules (no second copy in the names)
-        head = model.get_output_embeddings()
-        self._head = [head]
-        capture = _capture_layer(model, layout)
-        capture.register_forward_pre_hook(self._capture, with_kwargs=True)
-        head.register_forward_pre_hook(self._run)
+        self._model = [model]  # a list: not a submodule (no cycle in the module tree)
 
     @contextlib.contextmanager
     def request(
@@ -224,10 +220,18 @@ class MultiTokenPredictor(nn.Module):
         ``loss_sums`` (D,) (each depth's cross-entropy summed over its masked positions, differentiable) and
         ``counts`` (D,). ``input_ids[k]`` / ``labels[k]`` / ``masks[k]``: depth ``k + 1``'s streams in the
         layout of the model's input (`depth_streams`)."""
+        model = self._model[0]
         self._request = _Request(input_ids, labels, masks)
+        # hooks for this request only, on the modules the model holds now (the fused head replaces the LM head)
+        handles = [
+            _capture_layer(model, self.layout).register_forward_pre_hook(self._capture, with_kwargs=True),
+            model.get_output_embeddings().register_forward_pre_hook(self._run),
+        ]
         try:
             yield self._request
         finally:
+            for handle in handles:
+                handle.remove()
             self._request = None
 
     def _capture(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
@@ -241,14 +245,14 @@ class MultiTokenPredictor(nn.Module):
         req = self._request
         if req is None or req.loss_sums is not None:
             return
-        hidden = args[0]
-        weight = self._head[0].weight
+        hidden, weight = args[0], module.weight
+        embed = self._model[0].get_input_embeddings()
         if self.spec.detach_encoder:
             hidden, weight = hidden.detach(), weight.detach()
         sums, counts = [], []
         for k in range(self.spec.depths):
             layer = self.layers[0 if self.spec.repeated else k]
-            embeds = self._embed[0](req.input_ids[k])
+            embeds = embed(req.input_ids[k])
             if self.spec.detach_encoder:
                 embeds = embeds.detach()
             hidden = layer(embeds.to(hidden.dtype), hidden, req.block_kwargs)
@@ -260,23 +264,24 @@ class MultiTokenPredictor(nn.Module):
 
 
 def _build_blocks(model: nn.Module, layout: MTPLayout, p: int) -> list[nn.Module]:
-    """The decoder blocks of physical MTP layer ``p``, of the model's own classes."""
-    import copy
-
+    """The decoder blocks of physical MTP layer ``p``, of the model's own classes and on its config object
+    (so they follow its attention implementation, e.g. ``set_packed_attention``); the config's per-layer
+    types are extended while they are built, then restored."""
     config = model.config.get_text_config()
     layers = model.model.layers
-    if layout.name == "nemotron_h":
-        cfg = copy.deepcopy(config)
-        cfg.layer_types = list(config.layers_block_type) + list(layout.block_types)
-        first = len(config.layers_block_type)
-        block_cls = type(layers[0])
-        return [block_cls(cfg, first + b) for b in range(len(layout.block_types))]
-    cfg, index = copy.deepcopy(config), layout.num_hidden_layers + p
-    if (
-        getattr(cfg, "layer_types", None) is not None
-    ):  # per-layer attention kinds: the MTP layer attends fully
-        cfg.layer_types = list(cfg.layer_types) + ["full_attention"] * (index + 1 - len(cfg.layer_types))
-    return [type(layers[-1])(cfg, index)]
+    saved = getattr(config, "layer_types", None)
+    try:
+        if layout.name == "nemotron_h":
+            first = len(config.layers_block_type)
+            config.layer_types = list(saved) + list(layout.block_types)
+            return [type(layers[0])(config, first + b) for b in range(len(layout.block_types))]
+        index = layout.num_hidden_layers + p
+        if saved is not None:  # per-layer attention kinds: the MTP layer attends fully
+            config.layer_types = list(saved) + ["full_attention"] * (index + 1 - len(saved))
+        return [type(layers[-1])(config, index)]
+    finally:
+        if saved is not None:
+            config.layer_types = saved
 
 
 def _capture_layer(model: nn.Module, layout: MTPLayout) -> nn.Module:

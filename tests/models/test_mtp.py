@@ -129,6 +129,13 @@ def test_detach_encoder_trains_the_mtp_layers_only_and_packed_equals_padded():
     padded = forward_micro_batch(model, mb, output="log_probs", mtp=True)
     packed = forward_micro_batch(model, mb, output="log_probs", use_remove_padding=True, mtp=True)
     torch.testing.assert_close(packed["mtp_loss_sums"], padded["mtp_loss_sums"], atol=1e-4, rtol=0)
+    # the workers' packed attention (sequences found from the positions): the MTP blocks follow it
+    from rlflow.models.attention import set_packed_attention
+
+    set_packed_attention(model)
+    with torch.no_grad():
+        kernel = forward_micro_batch(model, mb, output="log_probs", use_remove_padding=True, mtp=True)
+    torch.testing.assert_close(kernel["mtp_loss_sums"], padded["mtp_loss_sums"].detach(), atol=1e-4, rtol=0)
     assert padded["mtp_loss_sums"].shape == (2,) and float(padded["mtp_loss_sums"].min()) > 0
     padded["mtp_loss_sums"].sum().backward()
     grads = {n: p.grad for n, p in model.named_parameters()}
@@ -136,6 +143,25 @@ def test_detach_encoder_trains_the_mtp_layers_only_and_packed_equals_padded():
         g is not None and float(g.abs().sum()) > 0 for n, g in grads.items() if n.startswith("mtp.layers.0")
     )
     assert all(g is None for n, g in grads.items() if not n.startswith("mtp."))
+
+
+def test_the_mtp_loss_runs_through_the_fused_head():
+    """``use_fused_kernels`` replaces the LM head after the MTP layers are built: the loss is the same."""
+    from rlflow.models.fused_head import install_fused_head
+    from rlflow.models.tiny import TinyModelConfig, build_tiny_model
+
+    model = build_tiny_model(TinyModelConfig())
+    install_mtp(model, MTPSpec(depths=2, train=True), None)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.mtp.parameters():
+            p.normal_(0, 0.05) if p.dim() > 1 else p.fill_(1.0)
+    mb = _batch(model.config.vocab_size)
+    plain = forward_micro_batch(model, mb, output="log_probs", use_remove_padding=True, mtp=True)
+    install_fused_head(model)
+    fused = forward_micro_batch(model, mb, output="log_probs", use_remove_padding=True, mtp=True)
+    torch.testing.assert_close(fused["mtp_loss_sums"], plain["mtp_loss_sums"], atol=1e-4, rtol=0)
+    torch.testing.assert_close(fused["log_probs"], plain["log_probs"], atol=1e-5, rtol=0)
 
 
 def test_deepseek_layout_names_and_unsupported_architectures():
