@@ -314,7 +314,12 @@ def install_mtp(model: nn.Module, spec: MTPSpec, path: str | None, seed: int = 0
     """
     config = model.config.get_text_config()
     layout = mtp_layout(config)
-    if spec.pattern is not None and layout.name == "nemotron_h":
+    if spec.pattern is not None and layout.name != "nemotron_h":
+        raise ValueError(
+            f"hybrid_override_pattern={spec.pattern!r} sets Nemotron-H's MTP blocks; a "
+            f"{getattr(config, 'model_type', '?')} MTP layer is one decoder layer: set null"
+        )
+    if spec.pattern is not None:
         asked = tuple(_PATTERN_CHARS.get(c, c) for c in spec.pattern)
         if layout.physical and asked != layout.block_types:
             raise ValueError(

@@ -36,6 +36,10 @@ MTP = "actor_rollout_ref.model.mtp"
             r"mtp\.enable_train with actor\.ulysses_sequence_parallel_size=2",
         ),
         ([f"{MTP}.enable=true", "actor_rollout_ref.model.lora_rank=4"], r"mtp\.enable with LoRA"),
+        (
+            [f"{MTP}.enable=true", f"{MTP}.hybrid_override_pattern=*E"],
+            r"hybrid_override_pattern='\*E' sets Nemotron-H's MTP blocks; a qwen2 MTP layer is one decoder layer",
+        ),
     ],
 )
 def test_mtp_settings_rlflow_does_not_run_are_refused(overrides, message):
