@@ -305,8 +305,8 @@ def predictor_of(model: nn.Module) -> MultiTokenPredictor | None:
 
 def install_mtp(model: nn.Module, spec: MTPSpec, path: str | None, seed: int = 0) -> MultiTokenPredictor:
     """Build the model's MTP layers as ``model.mtp`` and read their weights from the checkpoint at ``path``
-    (None: architecture only, e.g. on ``meta``). A checkpoint without them gets fresh layers (normal
-    ``initializer_range`` weights from ``seed``, unit norms), logged.
+    (None: architecture only, e.g. on ``meta``). A checkpoint without them gets fresh layers, initialised
+    by the architecture's own ``_init_weights`` from ``seed``, logged.
 
     Raises:
         ValueError: the architecture is not supported, the pattern or depths do not fit the checkpoint's
@@ -344,7 +344,7 @@ def install_mtp(model: nn.Module, spec: MTPSpec, path: str | None, seed: int = 0
     dtype = next(model.parameters()).dtype
     predictor.to(dtype)
     if path is not None:
-        _load_or_init(predictor, path, float(getattr(config, "initializer_range", 0.02)), seed)
+        _load_or_init(model, predictor, path, seed)
     if not spec.train:
         predictor.requires_grad_(False)
     return predictor
@@ -393,17 +393,13 @@ def write_checkpoint_tensors(out_dir: str, tensors: dict[str, torch.Tensor], phy
     config_file.write_text(json.dumps(saved, indent=2, sort_keys=True))
 
 
-def _load_or_init(predictor: MultiTokenPredictor, path: str, std: float, seed: int) -> None:
+def _load_or_init(model: nn.Module, predictor: MultiTokenPredictor, path: str, seed: int) -> None:
     names = {name: predictor.layout.to_checkpoint(name) for name, _ in predictor.named_parameters()}
     found = read_tensors(path, set(names.values()))
-    if not found:
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, param in predictor.named_parameters():
-                if param.dim() == 1:
-                    param.fill_(1.0 if name.endswith("weight") and "bias" not in name else 0.0)
-                else:
-                    param.copy_(torch.randn(param.shape, generator=gen) * std)
+    if not found:  # fresh layers, initialised as the architecture initialises its own (from seed)
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(seed)
+            predictor.apply(model._init_weights)
         logger.warning(
             "%s holds no MTP weights: the %d MTP layer(s) start from fresh weights",
             path,

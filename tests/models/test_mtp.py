@@ -164,14 +164,18 @@ def test_the_mtp_loss_runs_through_the_fused_head():
     torch.testing.assert_close(fused["log_probs"], plain["log_probs"], atol=1e-5, rtol=0)
 
 
-def test_deepseek_layout_names_and_unsupported_architectures():
+def test_deepseek_layout_names_and_unsupported_architectures(tmp_path):
     from transformers import Qwen3NextConfig
 
     from rlflow.models.mtp import mtp_layout
     from rlflow.models.tiny import TinyModelConfig, build_tiny_model
 
     model = build_tiny_model(TinyModelConfig())
-    install_mtp(model, MTPSpec(depths=1), None)
+    install_mtp(model, MTPSpec(depths=1), str(tmp_path))  # a directory without MTP weights: fresh layers
+    # initialised as the architecture's own layers: unit norms, N(0, initializer_range^2) matrices
+    assert torch.equal(model.mtp.layers[0].enorm.weight, torch.ones(model.config.hidden_size))
+    std = float(model.mtp.layers[0].eh_proj.weight.std())
+    assert abs(std - model.config.initializer_range) < 0.1 * model.config.initializer_range
     n = model.config.num_hidden_layers
     _, mtp = checkpoint_tensors(model, model.state_dict())
     assert f"model.layers.{n}.eh_proj.weight" in mtp and f"model.layers.{n}.shared_head.norm.weight" in mtp
