@@ -7,25 +7,12 @@ import torch
 
 from rlflow.models.forward import forward_micro_batch
 from rlflow.models.padding import keeps_packed_sequences_apart
+from tests.models._micro_batch import padded_micro_batch
 from tests.tiny_hybrid_model import tiny_hybrid_config
 
 
 def _batch(vocab: int) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(3)
-    prompt_lens, response_lens, plen, rlen = [3, 5, 2], [4, 2, 4], 5, 4
-    bs = len(prompt_lens)
-    input_ids = torch.zeros(bs, plen + rlen, dtype=torch.long)
-    mask = torch.zeros_like(input_ids)
-    for i, (p, r) in enumerate(zip(prompt_lens, response_lens)):
-        input_ids[i, plen - p : plen + r] = torch.randint(3, vocab, (p + r,), generator=gen)
-        mask[i, plen - p : plen + r] = 1
-    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-    return {
-        "input_ids": input_ids,
-        "attention_mask": mask,
-        "position_ids": position_ids,
-        "responses": input_ids[:, plen:],
-    }
+    return padded_micro_batch(vocab, [3, 5, 2], [4, 2, 4], seed=3)
 
 
 def test_a_hybrid_model_with_remove_padding_computes_the_padded_log_probs():

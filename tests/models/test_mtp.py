@@ -10,25 +10,14 @@ import torch.nn.functional as F
 from rlflow.models.forward import forward_micro_batch
 from rlflow.models.loader import load_causal_lm
 from rlflow.models.mtp import MTPSpec, checkpoint_tensors, depth_streams, install_mtp
+from tests.models._micro_batch import padded_micro_batch
 from tests.tiny_hybrid_model import MAIN_PATTERN, hybrid_model_with_mtp_blocks, save_tiny_hybrid_model
 
-VOCAB_SEED = 5
+BATCH_SEED = 5
 
 
-def _batch(vocab: int, prompt_lens=(3, 5, 2), response_lens=(4, 2, 4)) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(VOCAB_SEED)
-    plen, rlen, bs = max(prompt_lens), max(response_lens), len(prompt_lens)
-    input_ids = torch.zeros(bs, plen + rlen, dtype=torch.long)
-    mask = torch.zeros_like(input_ids)
-    for i, (p, r) in enumerate(zip(prompt_lens, response_lens)):
-        input_ids[i, plen - p : plen + r] = torch.randint(3, vocab, (p + r,), generator=gen)
-        mask[i, plen - p : plen + r] = 1
-    return {
-        "input_ids": input_ids,
-        "attention_mask": mask,
-        "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-        "responses": input_ids[:, plen:],
-    }
+def _batch(vocab: int) -> dict[str, torch.Tensor]:
+    return padded_micro_batch(vocab, [3, 5, 2], [4, 2, 4], seed=BATCH_SEED)
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
