@@ -19,6 +19,8 @@ from rlflow.config.override_syntax import NULL_SPELLINGS, note_once, parse_bool
 if TYPE_CHECKING:  # the schema is imported where omegaconf is not installed (scripts/gpu_check.py)
     from omegaconf import DictConfig
 
+    from rlflow.models.mtp import MTPSpec
+
 __all__ = ["MtpConfig", "check_mtp", "mtp_megatron_key", "mtp_spec"]
 
 logger = logging.getLogger(__name__)
@@ -122,7 +124,7 @@ def check_mtp(cfg: DictConfig) -> None:
         )
 
 
-def mtp_spec(model: Any, hf_config: Any) -> Any:
+def mtp_spec(model: Any, hf_config: Any) -> MTPSpec | None:
     """The actor's `rlflow.models.mtp.MTPSpec` from ``actor_rollout_ref.model`` (None when ``mtp.enable`` is
     off); every key is read. ``hf_config``: the model's config, for the checkpoint's layer count."""
     from rlflow.models.mtp import MTPSpec

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
 from rlflow.algos.cov_losses import COV_LOSS_MODES, select_cov_tokens, token_keys
 from rlflow.algos.kl import compute_kl_loss
@@ -26,6 +27,7 @@ from rlflow.engine.ppo_loop import (
     FORWARD_KEYS,
     MetricAccumulator,
     global_loss_counts,
+    group_size,
     loss_normalisers,
     optimizer_step,
     response_mask_of,
@@ -34,7 +36,7 @@ from rlflow.engine.ppo_loop import (
     split_micro_batches,
 )
 from rlflow.models.forward import forward_micro_batch, reads_shared_prompts
-from rlflow.models.mtp import mtp_token_counts, predictor_of
+from rlflow.models.mtp import depth_masks, predictor_of
 from rlflow.models.router_replay import ROUTED_EXPERTS, RouterReplay
 from rlflow.protocol import DataProto
 from rlflow.utils.torch_functional import masked_mean
@@ -341,9 +343,7 @@ class DataParallelPPOActor:
             if self.router_top_k is not None
             else None
         )
-        mtp_counts = (
-            mtp_token_counts(mini.batch, self.mtp.depths, self.dp_group) if self.mtp is not None else None
-        )
+        mtp_counts = self._mtp_token_counts(mini.batch) if self.mtp is not None else None
         for mb in micro.batches:
             mask = mb["response_mask"]
             entropy, log_probs = self._forward_micro_batch(
@@ -436,10 +436,21 @@ class DataParallelPPOActor:
         acc.add_rank_share("actor/moe_z_loss", share * z.detach())
         return share * (float(self.config.moe_aux_loss_coef) * aux + float(self.config.moe_z_loss_coef) * z)
 
+    def _mtp_token_counts(self, batch: Any) -> torch.Tensor:
+        """Each MTP depth's predicted response tokens in the mini-batch, summed over the DP ranks: (D,)."""
+        response_len = batch["responses"].shape[1]
+        masks = depth_masks(
+            batch["attention_mask"], batch["attention_mask"][:, -response_len:], self.mtp.depths
+        )
+        counts = torch.stack([m.sum() for m in masks]).to(torch.float64)
+        if group_size(self.dp_group) > 1:
+            dist.all_reduce(counts, group=self.dp_group)
+        return counts
+
     def _mtp_loss(self, counts: torch.Tensor, dp_size: int, acc: MetricAccumulator) -> torch.Tensor:
         """``mtp_loss_scaling_factor / D * sum_k loss_k`` of the last forward, ``loss_k`` the depth's
         cross-entropy summed over this micro-batch and divided by the mini-batch's count over all ranks
-        (`mtp_token_counts`), so the mini-batch's terms add up to the token mean; ``actor/mtp_loss`` (the
+        (`_mtp_token_counts`), so the mini-batch's terms add up to the token mean; ``actor/mtp_loss`` (the
         depths' mean) and ``actor/mtp_loss/depth_k`` are those means."""
         sums, _ = self._mtp_out
         if sums is None:

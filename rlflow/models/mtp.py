@@ -45,11 +45,11 @@ __all__ = [
     "MTPSpec",
     "MultiTokenPredictor",
     "checkpoint_tensors",
+    "depth_masks",
     "depth_streams",
     "install_mtp",
     "is_mtp_name",
     "mtp_layout",
-    "mtp_token_counts",
     "predictor_of",
     "read_tensors",
     "split_for_export",
@@ -64,7 +64,7 @@ _PATTERN_CHARS = {"*": "full_attention", "E": "moe", "-": "mlp", "M": "linear_at
 
 def is_mtp_name(name: str) -> bool:
     """Whether a parameter / module name of the model lies in its MTP layers."""
-    return name == MTP_ATTR or name.startswith(MTP_ATTR + ".") or f".{MTP_ATTR}." in f".{name}"
+    return f".{MTP_ATTR}." in f".{name}."
 
 
 @dataclass(frozen=True)
@@ -420,15 +420,14 @@ def _load_or_init(model: nn.Module, predictor: MultiTokenPredictor, path: str, s
 
 
 def checkpoint_tensors(
-    model: nn.Module, state: dict[str, torch.Tensor], layout: MTPLayout | None = None
+    model: nn.Module, state: dict[str, torch.Tensor]
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Split a full state dict into the main model's tensors and the MTP tensors in the checkpoint's names
-    (``layout``: the model's MTP layout; None = its predictor's, or, without one, that of its config)."""
+    (the layout of the model's predictor, or, for a model without one, e.g. the merger's, of its config)."""
     predictor = predictor_of(model)
-    if layout is None:
-        if predictor is None and not any(is_mtp_name(name) for name in state):
-            return state, {}
-        layout = predictor.layout if predictor is not None else mtp_layout(model.config)
+    if predictor is None and not any(is_mtp_name(name) for name in state):
+        return state, {}
+    layout = predictor.layout if predictor is not None else mtp_layout(model.config)
     main, mtp = {}, {}
     for name, tensor in state.items():
         if is_mtp_name(name):
@@ -456,38 +455,25 @@ def depth_streams(
     Returns:
         ``(input_ids_k, labels_k, masks_k)`` for k = 1 .. D, each (bs, seqlen).
     """
+    ids = [_roll_left(input_ids, k) for k in range(1, depths + 1)]
+    labels = [_roll_left(input_ids, k + 1) for k in range(1, depths + 1)]
+    return ids, labels, depth_masks(attention_mask, response_mask, depths)
+
+
+def depth_masks(attention_mask: torch.Tensor, response_mask: torch.Tensor, depths: int) -> list[torch.Tensor]:
+    """The loss masks of `depth_streams` alone: (bs, seqlen) bool for k = 1 .. D."""
     main_mask = torch.zeros_like(attention_mask)
     r = response_mask.shape[1]
     main_mask[:, -r - 1 : -1] = response_mask.to(attention_mask.dtype)
-
-    def roll(x: torch.Tensor, k: int) -> torch.Tensor:
-        out = torch.zeros_like(x)
-        out[:, : x.shape[1] - k] = x[:, k:]
-        return out
-
     valid = attention_mask.bool()
-    ids = [roll(input_ids, k) for k in range(1, depths + 1)]
-    labels = [roll(input_ids, k + 1) for k in range(1, depths + 1)]
-    masks = [roll(main_mask, k).bool() & valid for k in range(1, depths + 1)]
-    return ids, labels, masks
+    return [_roll_left(main_mask, k).bool() & valid for k in range(1, depths + 1)]
 
 
-def mtp_token_counts(batch: Any, depths: int, dp_group: Any = None) -> torch.Tensor:
-    """Each depth's predicted response tokens in a (mini-)batch, summed over ``dp_group``: (D,) float64.
-
-    Args:
-        batch: ``input_ids``, ``attention_mask`` (bs, seqlen) and ``responses`` (bs, response_len).
-    """
-    import torch.distributed as dist
-
-    response_len = batch["responses"].shape[1]
-    _, _, masks = depth_streams(
-        batch["input_ids"], batch["attention_mask"], batch["attention_mask"][:, -response_len:], depths
-    )
-    counts = torch.stack([m.sum() for m in masks]).to(torch.float64)
-    if dp_group is not None and dist.is_initialized() and dist.get_world_size(dp_group) > 1:
-        dist.all_reduce(counts, group=dp_group)
-    return counts
+def _roll_left(x: torch.Tensor, k: int) -> torch.Tensor:
+    """``x[:, t + k]`` at column ``t``; zeros past the row's end."""
+    out = torch.zeros_like(x)
+    out[:, : x.shape[1] - k] = x[:, k:]
+    return out
 
 
 def split_for_export(model: nn.Module, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Any]:

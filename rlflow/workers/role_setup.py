@@ -101,7 +101,8 @@ class RoleLayout:
         cpu_linear_kernel: ``trainer.cpu_linear_kernel`` (`rlflow.models.cpu_linear`): auto | aten | onednn.
         qat: the actor's quantization-aware training (`rlflow.models.qat`), the reference's too (its
             forward sees its weights quantized the same way); None = off.
-        mtp: the actor's ``model.mtp`` section (`rlflow.models.mtp`); None for the other roles.
+        mtp: the role builds the MTP layers its ``model.mtp`` section asks for (`rlflow.models.mtp`): the
+            actor only.
     """
 
     key_prefix: str
@@ -113,7 +114,7 @@ class RoleLayout:
     lora: LoRASpec | None = None
     cpu_linear_kernel: str = "aten"
     qat: QATSpec | None = None
-    mtp: Any = None
+    mtp: bool = False
 
 
 def model_key(layout: RoleLayout) -> str:
@@ -136,7 +137,7 @@ def actor_layout(config: PPOTrainerConfig) -> RoleLayout:
         lora_spec(arr.model),
         config.trainer.cpu_linear_kernel,
         qat_spec(actor.qat),
-        arr.model.mtp,
+        mtp=True,
     )
 
 
@@ -286,7 +287,7 @@ def build_role_module(
             model = load_causal_lm(
                 path, attn_implementation=attn, trust_remote_code=trust, override_config=overrides
             )
-        if layout.mtp is not None and (spec := mtp_spec(model_cfg, model.config)) is not None:
+        if layout.mtp and (spec := mtp_spec(model_cfg, model.config)) is not None:
             install_mtp(model, spec, None if device.type == "meta" else path, seed)
         if weight_dtype != torch.float32:  # fsdp_config.model_dtype: before the adapters, which follow it
             model.to(weight_dtype)

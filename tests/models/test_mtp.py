@@ -3,6 +3,8 @@ the depth-by-depth cross-entropy a hand-written reference computes with the same
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -125,7 +127,11 @@ def test_detach_encoder_trains_the_mtp_layers_only_and_packed_equals_padded():
     with torch.no_grad():
         kernel = forward_micro_batch(model, mb, output="log_probs", use_remove_padding=True, mtp=True)
     torch.testing.assert_close(kernel["mtp_loss_sums"], padded["mtp_loss_sums"].detach(), atol=1e-4, rtol=0)
-    assert padded["mtp_loss_sums"].shape == (2,) and float(padded["mtp_loss_sums"].min()) > 0
+    # random MTP weights on the tiny model: near the cross-entropy of a uniform guess at every depth
+    per_token = padded["mtp_loss_sums"].detach() / padded["mtp_counts"]
+    torch.testing.assert_close(
+        per_token, torch.full((2,), math.log(model.config.vocab_size)), atol=0.3, rtol=0
+    )
     padded["mtp_loss_sums"].sum().backward()
     grads = {n: p.grad for n, p in model.named_parameters()}
     assert all(

@@ -360,6 +360,8 @@ def test_nemotron_mtp_port_trains_the_mtp_layer_and_exports_it(tmp_path, hybrid_
     exports it in Nemotron-H's names."""
     from safetensors.torch import load_file
 
+    from rlflow.models.tiny import TinyModelConfig
+
     overrides = _environment(GRPO_NEMOTRON_35_LIGHTNING_MEGATRON, "", "", hybrid_model_dir)
     overrides += [
         "trainer.save_freq=2",  # env: 50
@@ -371,10 +373,11 @@ def test_nemotron_mtp_port_trains_the_mtp_layer_and_exports_it(tmp_path, hybrid_
     mtp = cfg.actor_rollout_ref.model.mtp
     assert (mtp.num_layers, mtp.use_repeated_layer, mtp.mtp_loss_scaling_factor) == (2, True, 0.3)
     steps = _steps(run_ppo(cfg)["history"])
+    uniform = math.log(TinyModelConfig().vocab_size)  # 5.61: the cross-entropy of a uniform guess
     for h in steps:
-        # cross-entropy over a 259-token vocabulary: ln(259) = 5.56 for a uniform guess
+        # the test checkpoint's MTP layer is random and the tiny model's logits small: a near-uniform guess
         for key in ("actor/mtp_loss", "actor/mtp_loss/depth_1", "actor/mtp_loss/depth_2"):
-            assert 1.0 < h[key] < 12.0, key
+            assert abs(h[key] - uniform) < 0.3, key
         assert h["actor/mtp_loss"] == pytest.approx(
             (h["actor/mtp_loss/depth_1"] + h["actor/mtp_loss/depth_2"]) / 2
         )
@@ -386,8 +389,10 @@ def test_nemotron_mtp_port_trains_the_mtp_layer_and_exports_it(tmp_path, hybrid_
         load_file(f"{hybrid_model_dir}/model-mtp.safetensors"),
     )
     assert sorted(exported) == sorted(original)
-    moved = [k for k in original if not torch.equal(exported[k].float(), original[k].float())]
-    assert "mtp.layers.0.eh_proj.weight" in moved  # trained
+    # trained: 4 AdamW steps (2 steps x 2 mini-batches) of lr 1e-3, each moving a weight by about lr at
+    # most, plus weight decay (0.1 lr |w|): 4.08e-3 seen
+    key = "mtp.layers.0.eh_proj.weight"
+    assert 1e-3 < float((exported[key].float() - original[key].float()).abs().max()) < 4.5e-3
     main = load_file(hf / "model.safetensors")
     assert not any(k.startswith("mtp.") for k in main)
     # the merger (verl's model_merger) writes the same tensors from the sharded checkpoint
