@@ -43,6 +43,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from rlflow.models.cpu_attention import onednn_attention_applies, packed_onednn_attention
 from rlflow.parallel.ulysses import (
     gather_heads_scatter_seq,
     gather_outputs_and_unpad,
@@ -295,6 +296,7 @@ def _shared_prefix_sdpa(
 
 
 def _packed_attention(
+    module: torch.nn.Module,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -315,6 +317,8 @@ def _packed_attention(
         return _shared_prefix_sdpa(q, k, v, layout, dropout, scaling)
     if _HAS_FLASH_ATTN and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[0] == 1:
         return _flash_varlen(q, k, v, layout, dropout_p=dropout, softmax_scale=scaling, causal=causal)
+    if onednn_attention_applies(module, q, k, dropout, layout.lengths):
+        return packed_onednn_attention(q, k, v, layout.lengths, scaling, causal)
     return _per_sequence_sdpa(q, k, v, layout, dropout, scaling, causal)
 
 
@@ -386,7 +390,7 @@ def packed_attention_forward(
             gather_seq_scatter_heads(t, seq_dim=2, head_dim=1, group=group) for t in (query, key, value)
         )
     layout = _packed_layout(position_ids, group)
-    out = _packed_attention(query, key, value, layout, dropout, scaling, causal)
+    out = _packed_attention(module, query, key, value, layout, dropout, scaling, causal)
     out = gather_heads_scatter_seq(out, head_dim=1, seq_dim=2, group=group)
     return out.transpose(1, 2).contiguous(), None
 

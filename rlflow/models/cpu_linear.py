@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from rlflow.models.cpu_attention import ONEDNN_ATTENTION_ATTR
 from rlflow.utils.onednn import (
     onednn_linear,
     onednn_linear_available,
@@ -148,10 +149,14 @@ def install_onednn_linear(model: nn.Module) -> int:
 
     Plain ``nn.Linear`` modules become `OneDNNLinear` (a class change: parameters, hooks and the state dict
     stay as they are). Modules with their own forward that call `linear` (``LoRALinear``) get
-    ``onednn = True``. Other subclasses of ``nn.Linear`` (a fused LM head) keep their forward.
+    ``onednn = True``. Other subclasses of ``nn.Linear`` (a fused LM head) keep their forward. The attention
+    modules (transformers' ``...Attention`` classes) are marked for the packed attention's oneDNN products
+    (`rlflow.models.cpu_attention`).
     """
     count = 0
     for module in model.modules():
+        if type(module).__name__.endswith("Attention"):
+            setattr(module, ONEDNN_ATTENTION_ATTR, True)
         if type(module) is nn.Linear:
             module.__class__ = OneDNNLinear
             count += 1
