@@ -13,9 +13,10 @@ The rotary embedding comes from the model's own ``rotary_emb`` module, so every 
 is kept.
 
 A decoding step multiplies a few rows by every weight of the model, so its projections run at the speed
-the GEMM kernel streams weights (`Projection`). Where torch was built with oneDNN, each weight of 1 MiB or
-more is reordered once per generation call into oneDNN's blocked layout and multiplied with its
-``_linear_pointwise`` kernel. On the 2-core AMD EPYC of docs/benchmarks.md, at the 13M bench model's
+the GEMM kernel streams weights (`Projection`). Where torch was built with oneDNN, the weights are
+reordered once per generation call into oneDNN's blocked layout and multiplied with its
+``_linear_pointwise`` kernel: all of them when they do not fit in the last-level cache together, else
+those of 1 MiB or more (`PACK_MIN_BYTES`). On the 2-core AMD EPYC of docs/benchmarks.md, at the 13M bench model's
 shapes and 16 rows, the 24 projections of a step take 3.2 ms that way and 5.5 ms through MKL. Other
 projections are ``weight @ x.T``, BLAS's faster kernel for a tall weight times a narrow input.
 
@@ -29,6 +30,7 @@ equal transformers' to float rounding (``tests/rollout/test_fast_decode.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +40,13 @@ from rlflow.models.cpu_linear import OneDNNLinear
 from rlflow.rollout.kv_cache import PreallocatedCache, supports_preallocated_cache
 from rlflow.utils.onednn import onednn_linear, onednn_linear_available, reorder_linear_weight
 
-__all__ = ["FastDecoder", "Projection", "fast_decoder_for", "packed_projections_available"]
+__all__ = [
+    "FastDecoder",
+    "Projection",
+    "fast_decoder_for",
+    "last_level_cache_bytes",
+    "packed_projections_available",
+]
 
 _CLASSES = ("Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM")
 _NORMS = ("Qwen2RMSNorm", "LlamaRMSNorm", "MistralRMSNorm", "Qwen3RMSNorm")
@@ -94,9 +102,32 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
 
 _PACKED_DTYPES = (torch.float32, torch.bfloat16)
 PACK_MIN_BYTES = 1 << 20
-"""Smallest weight a `Projection` packs. Below about 1 MiB a weight stays in cache between steps, and
-oneDNN's per-call cost exceeds what its kernel saves (16 rows: (128, 128) 7.8 us with ``weight @ x.T``,
-17.7 us packed; (384, 384) 35 and 37 us; (768, 384) 67 and 60 us; (3072, 384) 255 and 188 us)."""
+"""Smallest weight a `Projection` packs in a model whose projection weights fit in the last-level cache.
+Below about 1 MiB a weight that stays in cache between steps costs more in oneDNN's per-call overhead than
+its kernel saves (16 rows: (128, 128) 7.8 us with ``weight @ x.T``, 17.7 us packed; (384, 384) 35 and
+37 us; (768, 384) 67 and 60 us; (3072, 384) 255 and 188 us). A model whose weights do not fit streams
+every weight from memory on every step, and there the packed kernel streams the small ones faster too:
+the 13M bench model (53 MB, 32 MiB L3) decodes 16 x 127 steps in 424 ms with every weight packed, against
+447-467 ms with the (384, 384) output projections and the LM head unpacked (`FastDecoder`)."""
+
+_DEFAULT_LLC_BYTES = 32 << 20
+
+
+def last_level_cache_bytes() -> int:
+    """The CPU's last-level cache in bytes, from sysfs (Linux); 32 MiB where it cannot be read."""
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    sizes = []
+    for index in base.glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        if text[-1:] in units and text[:-1].isdigit():
+            sizes.append(int(text[:-1]) * units[text[-1]])
+        elif text.isdigit():
+            sizes.append(int(text))
+    return max(sizes, default=_DEFAULT_LLC_BYTES)
 
 
 def packed_projections_available() -> bool:
@@ -222,11 +253,17 @@ class FastDecoder:
     Args:
         model: a model `fast_decoder_for` accepted.
         pack: projections through oneDNN-reordered weights where available (`Projection`).
-        min_bytes: the smallest weight packed; None = `PACK_MIN_BYTES`.
+        min_bytes: the smallest weight packed; None = every weight when the decoder's projection weights
+            exceed the last-level cache (`last_level_cache_bytes`), else `PACK_MIN_BYTES`.
     """
 
     def __init__(self, model: nn.Module, pack: bool = True, min_bytes: int | None = None) -> None:
         config = model.config
+        if min_bytes is None:
+            streamed = sum(
+                m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, _LINEARS)
+            )
+            min_bytes = 0 if streamed > last_level_cache_bytes() else PACK_MIN_BYTES
         self.model = model
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)

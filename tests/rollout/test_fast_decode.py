@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rlflow.models.attention import GENERATION_ATTENTION
+from rlflow.rollout import fast_decode
 from rlflow.rollout.base import SamplingParams
 from rlflow.rollout.decoding import decode
 from rlflow.rollout.fast_decode import FastDecoder, Projection, fast_decoder_for, packed_projections_available
@@ -142,6 +143,36 @@ def test_packed_projection_keeps_the_weight_of_its_generation_call():
     before = projection(x)
     weight.add_(1.0)  # an optimizer step after the call: the call's copy does not follow
     torch.testing.assert_close(projection(x), before)
+
+
+def test_every_weight_is_packed_when_the_model_outgrows_the_last_level_cache(monkeypatch):
+    """Weights streamed from memory on every step: the small ones pack too. Weights that stay in cache:
+    only those of at least PACK_MIN_BYTES (none in the tiny model)."""
+    if not packed_projections_available():
+        pytest.skip("this torch build has no oneDNN")
+    model = _model("qwen2")
+    weights = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+    def projections(decoder):
+        return [p for layer in decoder.layers for p in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+
+    monkeypatch.setattr(fast_decode, "last_level_cache_bytes", lambda: weights)  # fits exactly
+    assert not any(p.packed for p in projections(FastDecoder(model)))
+    monkeypatch.setattr(fast_decode, "last_level_cache_bytes", lambda: weights - 1)
+    fitted = FastDecoder(model)
+    assert all(p.packed for p in projections(fitted)) and fitted.lm_head.packed
+    assert fast_decode.last_level_cache_bytes() > 0
+
+
+def test_the_last_level_cache_size_is_read_or_defaulted(monkeypatch, tmp_path):
+    for index, size in (("index0", "48K"), ("index2", "1024K"), ("index3", "32768K")):
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "size").write_text(size + "\n")
+    real_path = fast_decode.Path
+    monkeypatch.setattr(fast_decode, "Path", lambda p: tmp_path if "cpu0/cache" in p else real_path(p))
+    assert fast_decode.last_level_cache_bytes() == 32 << 20
+    monkeypatch.setattr(fast_decode, "Path", lambda p: tmp_path / "missing")
+    assert fast_decode.last_level_cache_bytes() == 32 << 20  # the default
 
 
 def test_packed_and_plain_decoding_agree():
