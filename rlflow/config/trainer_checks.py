@@ -21,6 +21,7 @@ __all__ = [
     "check_cpu_linear_kernel",
     "check_profiler",
     "check_trainer",
+    "forward_ahead_blocker",
     "runtime_env_vars",
 ]
 
@@ -51,6 +52,13 @@ def check_trainer(cfg: DictConfig) -> None:
             "shared CPU cores; with trainer.device=cuda the colocated roles of a bundle share one GPU. "
             "Set trainer.overlap_updates to null (on only where it helps) or false"
         )
+    if optional_flag(cfg, "trainer.forward_ahead", "on where it applies and the updates overlap"):
+        blocker = forward_ahead_blocker(cfg)
+        if blocker is not None:
+            raise ValueError(
+                f"trainer.forward_ahead=true, but {blocker}. Set trainer.forward_ahead to null (on where it "
+                "applies) or false"
+            )
     check_cpu_linear_kernel(cfg)
     runtime_env_vars(value_at(cfg, "ray_init.runtime_env"))
     choice(cfg, "trainer.resume_mode", RESUME_MODES)
@@ -79,6 +87,46 @@ def check_trainer(cfg: DictConfig) -> None:
     check_profiler(cfg)
     at_least(cfg, "ray_init.num_cpus", 1, allow_none=True)
     at_least(cfg, "ray_init.object_store_memory", 1, allow_none=True)
+
+
+def forward_ahead_blocker(cfg: Any) -> str | None:
+    """What keeps ``trainer.forward_ahead`` from applying to the run (`rlflow.engine.forward_ahead`), naming
+    the key, or None when it applies.
+
+    Args:
+        cfg: the composed config (``DictConfig``) or the typed `PPOTrainerConfig`.
+    """
+    from rlflow.algos.cov_losses import COV_LOSS_MODES
+    from rlflow.config.validate import need_critic
+
+    arr, critic, algo = cfg.actor_rollout_ref, cfg.critic, cfg.algorithm
+    batch = int(cfg.data.train_batch_size)
+    if not need_critic(cfg):
+        return f"algorithm.adv_estimator={algo.adv_estimator} trains no critic"
+    for role, section in (("actor_rollout_ref.actor", arr.actor), ("critic", critic)):
+        if int(section.ppo_epochs) != 1 or int(section.ppo_mini_batch_size) != batch:
+            return (
+                f"{role}'s update is not a single pass (ppo_epochs={section.ppo_epochs}, "
+                f"ppo_mini_batch_size={section.ppo_mini_batch_size} of data.train_batch_size={batch})"
+            )
+    for key, on in (
+        ("actor_rollout_ref.model.enable_activation_offload", arr.model.enable_activation_offload),
+        ("critic.model.enable_activation_offload", critic.model.enable_activation_offload),
+        ("actor_rollout_ref.model.mtp.enable_train", arr.model.mtp.enable and arr.model.mtp.enable_train),
+        ("actor_rollout_ref.actor.moe_aux_loss_coef", float(arr.actor.moe_aux_loss_coef) != 0),
+        ("actor_rollout_ref.actor.moe_z_loss_coef", float(arr.actor.moe_z_loss_coef) != 0),
+        ("algorithm.use_pf_ppo", algo.use_pf_ppo),
+    ):
+        if on:
+            return f"{key} is set"
+    if str(arr.actor.router_replay.mode) != "disabled":
+        return f"actor_rollout_ref.actor.router_replay.mode={arr.actor.router_replay.mode}"
+    loss_mode = str(arr.actor.policy_loss.loss_mode)
+    if loss_mode in COV_LOSS_MODES and not algo.rollout_correction.use_policy_gradient:
+        return (
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} selects tokens from a pass of its own"
+        )
+    return None
 
 
 def check_cpu_linear_kernel(cfg: DictConfig) -> None:

@@ -40,6 +40,17 @@ class TrainerConfig:
             shared by the ranks are split, however many CPUs Ray counts); ``timing_s/update`` is then the
             phase, ``timing_s/update_critic`` / ``update_actor`` each role's time from its start, and
             ``timing_s/values`` the time until the values were ready (it overlaps ``timing_s/ref``).
+        forward_ahead: run the forwards of single-pass updates (one PPO epoch over one mini-batch) before
+            the advantages exist (`rlflow.engine.forward_ahead`): the critic's values are its update's own
+            forwards, kept with their autograd graphs, and the actor runs its update's forwards right
+            after them (with all the bundle's threads, or beside the critic's without a reference); the
+            update phase then runs only the losses and the backwards. Same weights, same micro-batches:
+            the same gradients, and the critic's forward runs once per step instead of twice. Each role
+            holds its activations of the whole batch between the two phases. None = on where it applies
+            and the updates overlap (``overlap_updates``); true = wherever it applies (else refused before
+            Ray, naming what stops it); false = off. It applies with a critic, single-pass actor and critic
+            updates, and no activation offload, MTP loss, router losses, routing replay, KL-Cov /
+            Clip-Cov token selection or PF-PPO redraw. ``timing_s/forward_ahead`` is the actor's call.
         cpu_linear_kernel: what computes the fp32 linear layers of the CPU roles (forward and backward):
             ``aten`` is torch's ``F.linear`` (MKL's GEMM on x86), ``onednn`` oneDNN's kernel from the same
             torch build (`rlflow.models.cpu_linear`: exact fp32 in another summation order), ``auto``
@@ -89,6 +100,7 @@ class TrainerConfig:
     ray_timeline_json_file: str | None = None
     critic_warmup: int = 0
     overlap_updates: bool | None = None
+    forward_ahead: bool | None = None
     cpu_linear_kernel: str = "auto"
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     default_hdfs_dir: str | None = None

@@ -23,6 +23,7 @@ from rlflow.algos.policy_loss_call import PolicyLossCall
 from rlflow.algos.reinforce_loss import compute_policy_loss_reinforce
 from rlflow.algos.rollout_correction import correction_settings
 from rlflow.engine.batching import MicroBatchSpec, UpdateSpec
+from rlflow.engine.forward_ahead import ForwardAhead, is_single_pass, run_ahead
 from rlflow.engine.ppo_loop import (
     FORWARD_KEYS,
     MetricAccumulator,
@@ -135,6 +136,8 @@ class DataParallelPPOActor:
         self._router_losses: tuple[Any, Any] = (None, None)  # of the last training forward
         self._recorded_routing: torch.Tensor | None = None  # of the last forward, routing="record"
         self._mini_batch_seed = 0  # KL-Cov / Clip-Cov: seeds the draw of the current mini-batch
+        self._ahead: ForwardAhead | None = None  # `forward_ahead`'s outputs, for the next update
+        self._taking: ForwardAhead | None = None  # those the running update takes
         self.skipped_steps = 0
 
     # ---- hooks (verl's names) --------------------------------------------------------------------------
@@ -238,6 +241,51 @@ class DataParallelPPOActor:
         entropy = micro.restore([ent for ent, _ in outs]) * mask if calculate_entropy else None
         return log_probs, entropy
 
+    def forward_ahead_supported(self, samples: int) -> bool:
+        """True when the coming update of ``samples`` samples can take its forwards from `forward_ahead`: a
+        single pass (`rlflow.engine.forward_ahead.is_single_pass`) whose loss reads nothing but the
+        forward's log-probs and entropies (no multi-token prediction or router losses, no routing replay,
+        no KL-Cov / Clip-Cov token selection)."""
+        return (
+            is_single_pass(self.update, samples)
+            and self.mtp is None
+            and self.router_top_k is None
+            and self.router_replay == "disabled"
+            and (self.reinforce is not None or str(self.config.policy_loss.loss_mode) not in COV_LOSS_MODES)
+        )
+
+    def forward_ahead(self, data: DataProto, step: int = 0) -> None:
+        """The forwards of the coming update of ``data`` at ``step``, run now with autograd, before the
+        advantages exist (`rlflow.engine.forward_ahead`); `update_policy` takes their outputs and runs only
+        the loss and the backward.
+
+        Args:
+            data: the forward keys of the samples the update will receive (and ``old_log_probs`` when the
+                update will have them: the entropy is then computed only for ``entropy_coeff``).
+            step: the training step of the update.
+
+        Raises:
+            ValueError: the update cannot take them (`forward_ahead_supported`).
+        """
+        if not self.forward_ahead_supported(len(data)):
+            raise ValueError(
+                "forward_ahead: the actor's update is not a single pass whose loss reads only the forward's "
+                "log-probs (ppo_epochs=1, one mini-batch, no activation offload, MTP, router losses, routing "
+                "replay or KL-Cov / Clip-Cov)"
+            )
+        self.actor_module.train()
+        entropy = float(self.config.entropy_coeff) != 0 or "old_log_probs" not in data.batch.keys()
+        batch = DataProto(batch=data.batch.select(*[k for k in FORWARD_KEYS if k in data.batch.keys()]))
+        self._ahead, _, _ = run_ahead(
+            batch,
+            self.update,
+            self.update.micro,
+            step,
+            lambda mb: self._forward_micro_batch(mb, self.temperature, entropy),
+            self.sync_group,
+            self.share_prompts,
+        )
+
     def update_policy(self, data: DataProto, step: int = 0) -> dict[str, float]:
         """PPO epochs × mini-batches × micro-batches of the policy loss (plus entropy and KL terms).
 
@@ -298,6 +346,7 @@ class DataParallelPPOActor:
         if self.router_replay != "disabled":
             keys.append(ROUTED_EXPERTS)
         data = select_update_batch(data, keys)
+        self._taking, self._ahead = self._ahead, None  # outputs of `forward_ahead`, taken once
         if "rollout_rs_mask" in data.batch.keys():  # algorithm.rollout_correction's rejection
             data.batch["response_mask"] = data.batch["response_mask"] * data.batch.pop("rollout_rs_mask")
         self._mini_batch_seed = (self.update.seed + step) * 1_000_003
@@ -313,6 +362,7 @@ class DataParallelPPOActor:
             )
         finally:
             mismatch = self._stop_replay()
+            self._taking = None
         if mismatch is not None and mismatch[1]:
             metrics["actor/router_replay_mismatch"] = mismatch[0] / mismatch[1]
         self.skipped_steps += skipped
@@ -344,11 +394,13 @@ class DataParallelPPOActor:
             else None
         )
         mtp_counts = self._mtp_token_counts(mini.batch) if self.mtp is not None else None
-        for mb in micro.batches:
+        for i, mb in enumerate(micro.batches):
             mask = mb["response_mask"]
-            entropy, log_probs = self._forward_micro_batch(
-                mb, self.temperature, entropy_coeff != 0 or on_policy
-            )
+            wants_entropy = entropy_coeff != 0 or on_policy
+            taken = self._taking.take(i, mb) if self._taking is not None else None
+            if taken is None or (wants_entropy and taken[0] is None):
+                taken = self._forward_micro_batch(mb, self.temperature, wants_entropy)
+            entropy, log_probs = taken
             old_log_probs = log_probs.detach() if on_policy else mb["old_log_probs"]
             if on_policy:
                 acc.add("actor/entropy", masked_mean(entropy.detach(), mask), weight=float(mask.sum()))

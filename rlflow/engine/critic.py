@@ -18,6 +18,7 @@ import torch
 
 from rlflow.algos.losses import compute_value_loss
 from rlflow.engine.batching import MicroBatchSpec, UpdateSpec
+from rlflow.engine.forward_ahead import ForwardAhead, is_single_pass, run_ahead
 from rlflow.engine.ppo_loop import (
     FORWARD_KEYS,
     MetricAccumulator,
@@ -81,6 +82,8 @@ class DataParallelPPOCritic:
             bool(share_prompts) and self.use_remove_padding and reads_shared_prompts(critic_module)
         )
         self.dp_group, self.sp_group, self.sync_group = dp_group, sp_group, sync_group
+        self._ahead: ForwardAhead | None = None  # `values_ahead`'s forwards, for the next update
+        self._taking: ForwardAhead | None = None  # those the running update takes
         self.skipped_steps = 0
 
     # ---- hooks (verl's names) --------------------------------------------------------------------------
@@ -128,6 +131,43 @@ class DataParallelPPOCritic:
         values = micro.restore([self._forward_micro_batch(mb) for mb in micro.batches])
         return values * mask.to(values.dtype)
 
+    def values_ahead(self, data: DataProto, step: int) -> torch.Tensor:
+        """`compute_values` through the coming single-pass update's own forwards (its micro-batches, train
+        mode, autograd), kept for `update_critic`, which then runs only the loss and the backward
+        (`rlflow.engine.forward_ahead`): the values are the update's first predictions, exactly.
+
+        Args:
+            data: as `compute_values`; the samples the update will receive, in its order.
+            step: the training step of the update (seeds its mini-batch permutation).
+
+        Returns:
+            ``(bs, response_len)`` values in input order, zero on masked positions (no gradient).
+
+        Raises:
+            ValueError: the update is not a single pass (`is_single_pass`).
+        """
+        if self.update is None or not is_single_pass(self.update, len(data)):
+            raise ValueError(
+                "values_ahead: the critic's update is not a single pass (ppo_epochs=1, one mini-batch, no "
+                "activation offload)"
+            )
+        self.critic_module.train()
+        mask = response_mask_of(data)
+        batch = DataProto(batch=data.batch.select(*[k for k in FORWARD_KEYS if k in data.batch.keys()]))
+        self._ahead, micro, order = run_ahead(
+            batch,
+            self.update,
+            self.update.micro,
+            step,
+            self._forward_micro_batch,
+            self.sync_group,
+            self.share_prompts,
+        )
+        shuffled = micro.restore([v.detach() for v in self._ahead.outputs])
+        values = torch.empty_like(shuffled)
+        values[order] = shuffled
+        return values * mask.to(values.dtype)
+
     def update_critic(self, data: DataProto, step: int = 0) -> dict[str, float]:
         """PPO epochs × mini-batches × micro-batches of the clipped value loss.
 
@@ -145,15 +185,19 @@ class DataParallelPPOCritic:
             raise RuntimeError("update_critic needs a critic optimizer and an UpdateSpec")
         self.critic_module.train()
         data = select_update_batch(data, [*FORWARD_KEYS, "values", "returns"])
-        metrics, skipped = run_update(
-            data,
-            self.update,
-            step,
-            self._accumulate_mini_batch,
-            self._optimizer_step,
-            self.dp_group,
-            "critic",
-        )
+        self._taking, self._ahead = self._ahead, None  # the forwards of `values_ahead`, taken once
+        try:
+            metrics, skipped = run_update(
+                data,
+                self.update,
+                step,
+                self._accumulate_mini_batch,
+                self._optimizer_step,
+                self.dp_group,
+                "critic",
+            )
+        finally:
+            self._taking = None
         self.skipped_steps += skipped
         return metrics
 
@@ -161,9 +205,11 @@ class DataParallelPPOCritic:
         """Forward and backward every micro-batch of ``mini``; gradients accumulate in the module."""
         norm = loss_normalisers(mini.batch, self.dp_group)
         micro = split_micro_batches(mini.batch, self.update.micro, self.sync_group, self.share_prompts)
-        for mb in micro.batches:
+        for i, mb in enumerate(micro.batches):
             mask = mb["response_mask"]
-            vpreds = self._forward_micro_batch(mb)
+            vpreds = self._taking.take(i, mb) if self._taking is not None else None
+            if vpreds is None:
+                vpreds = self._forward_micro_batch(mb)
             vf_loss, vf_clipfrac = compute_value_loss(
                 vpreds=vpreds,
                 returns=mb["returns"],

@@ -50,10 +50,15 @@ from rlflow.trainer.validation import run_validation
 from rlflow.trainer.worker_groups import (
     WorkerGroups,
     build_worker_groups,
+    forwards_ahead,
     overlap_threads,
     overlapped_updates,
     profiled_step,
+    ref_beside_reward,
+    resolve_forward_ahead,
+    score_beside_reference,
     values_beside_reference,
+    worker_metrics,
 )
 
 logger = logging.getLogger(__name__)
@@ -66,13 +71,6 @@ def _timer(name: str, timing: dict[str, float]) -> Iterator[None]:
     start = time.perf_counter()
     yield
     timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
-
-
-def _worker_metrics(out: DataProto) -> dict[str, float]:
-    """Metrics a data-parallel call returned in ``meta_info["metrics"]`` (one value per rank, already
-    reduced over ranks inside the workers; the mean guards against a rank that differs)."""
-    metrics = out.meta_info.get("metrics", {})
-    return {k: float(np.mean(v)) if isinstance(v, list) else float(v) for k, v in metrics.items()}
 
 
 class RayPPOTrainer:
@@ -163,6 +161,8 @@ class RayPPOTrainer:
         """Create the colocated worker groups and build their models."""
         self.groups = build_worker_groups(self.config, total_training_steps=self.total_training_steps)
         self.overlap = overlap_threads(self.config, self.groups)
+        self.forward_ahead = resolve_forward_ahead(self.config, self.overlap)
+        self.ref_with_reward = ref_beside_reward(self.config, self.groups, self.forward_ahead, self.overlap)
         if self.overlap is not None:
             logger.info(
                 "trainer.overlap_updates: actor and critic update together, %d + %d threads", *self.overlap
@@ -248,11 +248,16 @@ class RayPPOTrainer:
                 metrics.update(rollout_entropy(batch))
             if self.rollout_correction is not None:
                 metrics.update(correct_rollout_batch(batch, self.rollout_correction))
-            values = None
-            if self.groups.ref is not None and self.use_critic and self.overlap is not None:
+            values, out = None, None
+            actor_due = self.global_steps > int(self.config.trainer.critic_warmup)
+            if self.forward_ahead:
+                out, values, ahead = forwards_ahead(self.groups, batch, self.overlap, timing, actor_due)
+                metrics.update(ahead)
+            elif self.groups.ref is not None and self.use_critic and self.overlap is not None:
                 out, values = values_beside_reference(self.groups, batch, self.overlap, timing)
+            if out is not None:
                 batch.union(out.select(batch_keys=["ref_log_prob"], meta_info_keys=[]))
-            elif self.groups.ref is not None:
+            elif self.groups.ref is not None and "ref_log_prob" not in batch.batch.keys():
                 with _timer("ref", timing):
                     self._ref_log_prob(batch)
             metrics.update(self._rewards_with_kl(batch))
@@ -266,10 +271,9 @@ class RayPPOTrainer:
                     batch, adv, algo.pf_ppo, seed, self.global_steps, self._order
                 )
                 metrics.update(pf_metrics)
-            actor_due = self.global_steps > int(self.config.trainer.critic_warmup)
             if self.use_critic and actor_due and self.overlap is not None:
                 for out in overlapped_updates(self.groups, trained, adv, self.overlap, timing):
-                    metrics.update(_worker_metrics(out))
+                    metrics.update(worker_metrics(out))
             else:
                 if self.use_critic:
                     with _timer("update_critic", timing):
@@ -320,7 +324,7 @@ class RayPPOTrainer:
         if first_prompt:
             gen_batch.meta_info["row_offset"] = first_prompt * n
         out = self.groups.actor.generate_sequences(gen_batch)
-        metrics = _worker_metrics(out)
+        metrics = worker_metrics(out)
         out.meta_info = {}
         batch = batch.repeat(n, interleave=True).union(out)
         batch.meta_info = {"global_steps": self.global_steps, "global_batch_size": len(batch)}
@@ -344,7 +348,7 @@ class RayPPOTrainer:
             n = int(self.config.actor_rollout_ref.rollout.n)
             batch.batch["reward_baselines"] = baselines.repeat_interleave(n)
         with _timer("reward", timing):
-            extra = self._reward(batch)
+            extra = self._reward(batch, timing if self.ref_with_reward else None)
         return batch, metrics, extra
 
     def _sample(
@@ -437,9 +441,12 @@ class RayPPOTrainer:
         """`_balance`'s order of the samples (None with ``trainer.balance_batch=false``)."""
         return balance_order(batch, self.config, self.groups.actor_dp_size)
 
-    def _reward(self, batch: DataProto) -> dict[str, list[Any]]:
-        """Score the responses into ``token_level_scores``; returns the reward's extra info."""
-        if self.groups.reward_model is not None:
+    def _reward(self, batch: DataProto, ref_timing: dict[str, float] | None = None) -> dict[str, list[Any]]:
+        """Score the responses into ``token_level_scores`` (with ``ref_timing``, the reference's log-probs
+        too, beside the reward model: `score_beside_reference`); returns the reward's extra info."""
+        if ref_timing is not None:
+            batch.union(score_beside_reference(self.groups, batch, self.overlap, ref_timing))
+        elif self.groups.reward_model is not None:
             batch.union(self.groups.reward_model.compute_rm_score(batch).select(meta_info_keys=[]))
         result = self.reward_fn(batch, return_dict=True)
         batch.batch["token_level_scores"] = result["reward_tensor"]
@@ -447,7 +454,7 @@ class RayPPOTrainer:
 
     def _old_log_prob(self, batch: DataProto) -> dict[str, float]:
         out = self.groups.actor.compute_log_prob(batch)
-        metrics = _worker_metrics(out)
+        metrics = worker_metrics(out)
         batch.union(out.select(meta_info_keys=[]))  # old_log_probs, and R2's routed_experts
         if "rollout_log_probs" in batch.batch.keys():
             metrics.update(rollout_probs_diff(batch))
@@ -487,12 +494,12 @@ class RayPPOTrainer:
         return None, advantage_metrics(batch, advantages, returns)
 
     def _update_critic(self, batch: DataProto, adv: DataProtoFuture) -> dict[str, float]:
-        return _worker_metrics(self.groups.critic.update_critic(batch, adv=adv))
+        return worker_metrics(self.groups.critic.update_critic(batch, adv=adv))
 
     def _update_actor(self, batch: DataProto, adv: DataProtoFuture | None) -> dict[str, float]:
         if adv is None:
-            return _worker_metrics(self.groups.actor.update_actor(batch))
-        return _worker_metrics(self.groups.actor.update_actor(batch, adv=adv))
+            return worker_metrics(self.groups.actor.update_actor(batch))
+        return worker_metrics(self.groups.actor.update_actor(batch, adv=adv))
 
     def _ref_sync_due(self) -> bool:
         ref = self.config.actor_rollout_ref.ref

@@ -16,25 +16,27 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import ray
 
 from rlflow.config import needed_roles
 from rlflow.config.resource_checks import cpus_per_rank, ray_address
 from rlflow.config.schema import PPOTrainerConfig
-from rlflow.config.trainer_checks import runtime_env_vars
+from rlflow.config.trainer_checks import forward_ahead_blocker, runtime_env_vars
 from rlflow.logging.tracking import run_log_dir
 from rlflow.models.cpu_linear import resolve_cpu_linear_kernel
+from rlflow.protocol import DataProto
 from rlflow.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from rlflow.single_controller.worker_group import as_completed, wait_all
 
 if TYPE_CHECKING:
-    from rlflow.protocol import DataProto
     from rlflow.single_controller.futures import DataProtoFuture
 
 __all__ = [
     "WorkerGroups",
     "build_worker_groups",
     "create_together",
+    "forwards_ahead",
     "init_batches",
     "machine_cores",
     "overlap_threads",
@@ -42,8 +44,12 @@ __all__ = [
     "profiled_step",
     "rank_threads",
     "rank_threads_cap",
+    "ref_beside_reward",
+    "resolve_forward_ahead",
     "resource_pool",
+    "score_beside_reference",
     "values_beside_reference",
+    "worker_metrics",
 ]
 
 logger = logging.getLogger(__name__)
@@ -319,6 +325,103 @@ def values_beside_reference(
     ray.wait(refs, num_returns=len(refs), timeout=groups.critic.call_timeout_s, fetch_local=False)
     timing["values"] = time.perf_counter() - start
     return out, values
+
+
+def worker_metrics(out: DataProto) -> dict[str, float]:
+    """Metrics a data-parallel call returned in ``meta_info["metrics"]`` (one value per rank, already
+    reduced over ranks inside the workers; the mean guards against a rank that differs)."""
+    metrics = out.meta_info.get("metrics", {})
+    return {k: float(np.mean(v)) if isinstance(v, list) else float(v) for k, v in metrics.items()}
+
+
+def resolve_forward_ahead(config: PPOTrainerConfig, overlap: tuple[int, int] | None) -> bool:
+    """``trainer.forward_ahead``: True where it applies (`forward_ahead_blocker`) and is set, or is null
+    and the updates overlap (`overlap_threads`). A true setting that does not apply was refused before
+    Ray."""
+    setting = config.trainer.forward_ahead
+    if setting is False or forward_ahead_blocker(config) is not None:
+        return False
+    return bool(setting) or overlap is not None
+
+
+def ref_beside_reward(
+    config: PPOTrainerConfig, groups: WorkerGroups, forward_ahead: bool, overlap: tuple[int, int] | None
+) -> bool:
+    """With ``trainer.forward_ahead`` on overlapped CPU roles, a reward model and a reference: the
+    reference's log-probs are computed beside the reward model's scores (`score_beside_reference`), so
+    that the actor's and the critic's forwards ahead can then run beside each other. Not with
+    ``algorithm.filter_groups`` (its rounds may be dropped)."""
+    return (
+        forward_ahead
+        and overlap is not None
+        and groups.reward_model is not None
+        and groups.ref is not None
+        and not config.algorithm.filter_groups.enable
+    )
+
+
+def score_beside_reference(
+    groups: WorkerGroups, batch: DataProto, threads: tuple[int, int], timing: dict[str, float]
+) -> DataProto:
+    """The reward model's scores and the reference's log-probs of ``batch`` at the same time (the reference
+    with the actor's part of ``threads``, the reward model with the critic's; `ref_beside_reward`): the
+    reward model's output with ``ref_log_prob`` joined. ``timing`` gets ``ref`` (the reference's call)."""
+    actor_threads, critic_threads = threads
+    start = time.perf_counter()
+    ref = groups.ref.submit("compute_ref_log_prob", batch, threads=actor_threads)
+    scores = groups.reward_model.submit("compute_rm_score", batch, threads=critic_threads)
+    out = ref.result()
+    timing["ref"] = time.perf_counter() - start
+    scored = scores.result().select(meta_info_keys=[])
+    return scored.union(out.select(batch_keys=["ref_log_prob"], meta_info_keys=[]))
+
+
+def forwards_ahead(
+    groups: WorkerGroups,
+    batch: DataProto,
+    threads: tuple[int, int] | None,
+    timing: dict[str, float],
+    actor_due: bool,
+) -> tuple[DataProto | None, DataProtoFuture, dict[str, float]]:
+    """``trainer.forward_ahead`` (`rlflow.engine.forward_ahead`): the critic's values through its update's
+    forwards, the reference's log-probs beside them (``threads``: the reference with the actor's part, as
+    `values_beside_reference`), then, when the actor's update is due, the actor's update forwards with
+    every thread of the bundle. Without a reference, or when the batch already has its log-probs
+    (`score_beside_reference`), the actor's forwards run beside the critic's.
+
+    Returns:
+        ``(the reference's output or None, the future of the values, the actor call's metrics)``. The
+        values stay in the critic's object store (the driver waits without fetching).
+
+    ``timing`` gets ``ref`` and ``values`` (from the phase's start) and ``forward_ahead`` (the actor's call).
+    """
+    actor_threads, critic_threads = threads if threads is not None else (None, None)
+    start = time.perf_counter()
+    ahead = DataProto(
+        batch=batch.batch, non_tensor_batch=batch.non_tensor_batch, meta_info=dict(batch.meta_info)
+    )
+    ahead.meta_info["forward_ahead"] = True
+    values = groups.critic.submit("compute_values", ahead, threads=critic_threads)
+    out, metrics = None, {}
+    actor, actor_start = None, start
+    if groups.ref is not None and "ref_log_prob" not in batch.batch.keys():
+        out = groups.ref.submit("compute_ref_log_prob", batch, threads=actor_threads).result()
+        timing["ref"] = time.perf_counter() - start
+    elif actor_due:
+        actor = groups.actor.submit("forward_ahead", batch, threads=actor_threads)
+    refs = [*values.refs, *(ref for ref, _, _ in values.watch)]
+    ray.wait(refs, num_returns=len(refs), timeout=groups.critic.call_timeout_s, fetch_local=False)
+    timing["values"] = time.perf_counter() - start
+    if actor_due:
+        if actor is None:
+            both = None if threads is None else actor_threads + critic_threads
+            actor, actor_start = (
+                groups.actor.submit("forward_ahead", batch, threads=both),
+                time.perf_counter(),
+            )
+        metrics = worker_metrics(actor.result())
+        timing["forward_ahead"] = time.perf_counter() - actor_start
+    return out, values, metrics
 
 
 @contextlib.contextmanager

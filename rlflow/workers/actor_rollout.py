@@ -124,6 +124,15 @@ class ActorRolloutWorker(RoleWorker):
         return DataProto.from_dict(tensors=tensors, meta_info={"metrics": metrics})
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
+    def forward_ahead(self, data: DataProto) -> DataProto:
+        """``trainer.forward_ahead``: the coming update's forwards of this shard, run now and kept for
+        `update_actor` (`rlflow.engine.forward_ahead`); returns ``perf/actor/forward_ahead/time_s``."""
+        metrics: dict[str, float] = {}
+        with timed_call("actor/forward_ahead", metrics, int(data.batch["attention_mask"].sum())):
+            self.actor.forward_ahead(data, self._step(data))
+        return metrics_proto(len(data), metrics)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
     def update_actor(self, data: DataProto, adv: DataProto | None = None) -> DataProto:
         """PPO update. ``adv`` is the critic group's future of ``advantages`` (routed here by sample
         index); without a critic the batch already carries them."""

@@ -68,6 +68,10 @@ class CriticWorker(RoleWorker):
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("critic"), blocking=False)
     def compute_values(self, data: DataProto) -> DataProto:
+        """The values of this shard; with ``meta_info["forward_ahead"]`` through the coming update's own
+        forwards, kept for `update_critic` (``trainer.forward_ahead``, `rlflow.engine.forward_ahead`)."""
+        if data.meta_info.get("forward_ahead"):
+            return DataProto.from_dict(tensors={"values": self.critic.values_ahead(data, self._step(data))})
         return DataProto.from_dict(tensors={"values": self.critic.compute_values(data)})
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("critic"), blocking=False)

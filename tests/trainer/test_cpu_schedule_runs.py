@@ -1,5 +1,6 @@
 """End-to-end runs of the CPU schedule and kernels: the critic's values beside the reference and the two
-updates together (``trainer.overlap_updates``), and the linear layers through oneDNN
+updates together (``trainer.overlap_updates``), the updates' forwards run ahead of the advantages
+(``trainer.forward_ahead``), and the linear layers through oneDNN
 (``trainer.cpu_linear_kernel``), each against the plain run at the golden run's tolerances.
 
 Slow-marked (still run by default and in CI), on a real local Ray with the embedded tiny model.
@@ -20,45 +21,65 @@ from tests.trainer.test_e2e import _comparable, _golden_tolerance, _overrides
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 
 
-def test_overlapped_updates_train_as_the_sequential_ones(tmp_path, monkeypatch):
-    """The default CPU layout (one rank per role, 2 threads) with a reference (KL in the reward) computes
-    the critic's values beside the reference's log-probs and runs the critic's and the actor's updates of a
-    step together, one thread each (``trainer.overlap_updates``). Two steps give the metrics of the same
-    run with every call one after the other, to the golden run's tolerances (the thread count changes the
-    summation order of some reductions, not the math), the timing says which phase ran how, and the values
-    never reach the driver."""
+def test_overlapped_updates_and_forwards_ahead_train_as_the_sequential_ones(tmp_path, monkeypatch):
+    """The default CPU layout (one rank per role, 2 threads) with a reference (KL in the reward), a reward
+    model and single-pass updates (one mini-batch per step). ``overlap``: the critic's values beside the
+    reference's log-probs, then the critic's and the actor's updates of a step together, one thread each
+    (``trainer.overlap_updates``, ``trainer.forward_ahead=false``). ``ahead``: the reference beside the
+    reward model, the critic's values through its update's forwards beside the actor's update forwards,
+    then the two backwards together (``trainer.forward_ahead``, null: on). Two steps of each give the
+    metrics of the same run with every call one after the other, to the golden run's tolerances (the
+    thread count changes the summation order of some reductions, not the math), the timing says which
+    phase ran how, and the values never reach the driver."""
+    from tests.tiny_reward_model import save_tiny_reward_model
 
     def forbidden(self, *a, **k):
         raise AssertionError("the driver materialised a values future")
 
     monkeypatch.setattr(FutureSlice, "resolve", forbidden)
     monkeypatch.setattr(DataProtoFuture, "get", forbidden)
+    reward_model = save_tiny_reward_model(tmp_path / "rm")
+    variants = {
+        "ahead": ("trainer.overlap_updates=null",),
+        "overlap": ("trainer.overlap_updates=null", "trainer.forward_ahead=false"),
+        "sequential": ("trainer.overlap_updates=false",),
+    }
     runs = {}
-    for overlap in ("null", "false"):
+    for name, settings in variants.items():
         cfg = load_config(
             _overrides(
-                tmp_path / overlap,
+                tmp_path / name,
+                *settings,
                 "trainer.cpus_per_worker=2",
-                f"trainer.overlap_updates={overlap}",
                 "actor_rollout_ref.model.path=rlflow://tiny",
                 "critic.model.path=rlflow://tiny",
                 "algorithm.use_kl_in_reward=true",
+                "reward_model.enable=true",
+                f"reward_model.model.path={reward_model}",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=8",  # single pass: the whole step
+                "critic.ppo_mini_batch_size=8",
             ),
             config_name="demo",
         )
-        runs[overlap] = run_ppo(cfg)["history"]
-    for together, apart in zip(runs["null"], runs["false"]):
-        assert "timing_s/update" in together and "timing_s/update" not in apart
-        for role in ("update_critic", "update_actor"):  # each role's own time, inside the phase
-            assert 0 < together[f"timing_s/{role}"] <= together["timing_s/update"] + 1e-6
-        # the values beside the reference: the phase lasts until both are done
-        assert "timing_s/values" in together and "timing_s/values" not in apart
+        runs[name] = run_ppo(cfg)["history"]
+    for ahead, together, apart in zip(runs["ahead"], runs["overlap"], runs["sequential"], strict=True):
+        for run in (ahead, together):
+            assert "timing_s/update" in run and "timing_s/values" in run
+            for role in ("update_critic", "update_actor"):  # each role's own time, inside the phase
+                assert 0 < run[f"timing_s/{role}"] <= run["timing_s/update"] + 1e-6
+        assert "timing_s/update" not in apart and "timing_s/values" not in apart
+        # overlap: the values beside the reference, the phase lasts until both are done
         assert 0 < together["timing_s/ref"] <= together["timing_s/values"] + 1e-6
-        assert "actor/reward_kl_penalty" in together
-        got, want = _comparable(together), _comparable(apart)
-        assert sorted(got) == sorted(want)
-        for key, value in want.items():
-            assert got[key] == pytest.approx(value, **_golden_tolerance(key, want)), key
+        assert "timing_s/forward_ahead" not in together
+        # ahead: the reference inside the reward phase, the actor's forwards beside the critic's values
+        assert 0 < ahead["timing_s/ref"] <= ahead["timing_s/reward"] + 1e-6
+        assert ahead["perf/actor/forward_ahead/time_s"] > 0 and ahead["timing_s/forward_ahead"] > 0
+        assert "actor/reward_kl_penalty" in ahead and "actor/reward_kl_penalty" in together
+        want = _comparable(apart)
+        for got in (_comparable(ahead), _comparable(together)):
+            assert sorted(k for k in got if "forward_ahead" not in k) == sorted(want)
+            for key, value in want.items():
+                assert got[key] == pytest.approx(value, **_golden_tolerance(key, want)), key
 
 
 @pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN")

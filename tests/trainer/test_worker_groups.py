@@ -274,3 +274,36 @@ def test_values_are_computed_beside_the_reference_and_never_block_for_ever(monke
         for g in made:
             g.shutdown()
         pool.remove()
+
+
+SINGLE_PASS = ("actor_rollout_ref.actor.ppo_mini_batch_size=16", "critic.ppo_mini_batch_size=16")
+
+
+def test_forward_ahead_runs_where_it_applies_and_true_is_refused_where_it_cannot():
+    """``trainer.forward_ahead``: null = on for single-pass updates with a critic when the updates overlap;
+    true = wherever it applies, refused before Ray naming the key that stops it; false = off."""
+    from rlflow.config.trainer_checks import forward_ahead_blocker
+    from rlflow.trainer.worker_groups import resolve_forward_ahead
+
+    auto = _typed(*SINGLE_PASS)
+    assert forward_ahead_blocker(auto) is None
+    assert resolve_forward_ahead(auto, (1, 1)) and not resolve_forward_ahead(auto, None)
+    assert resolve_forward_ahead(_typed(*SINGLE_PASS, "trainer.forward_ahead=true"), None)
+    assert not resolve_forward_ahead(_typed(*SINGLE_PASS, "trainer.forward_ahead=false"), (1, 1))
+    demo = _typed()  # the demo: 4 mini-batches per step
+    assert "ppo_mini_batch_size=4 of data.train_batch_size=16" in forward_ahead_blocker(demo)
+    assert not resolve_forward_ahead(demo, (1, 1))
+    blocked = {
+        "algorithm.adv_estimator=grpo": "trains no critic",
+        "critic.ppo_epochs=2": "critic's update is not a single pass",
+        "critic.model.enable_activation_offload=true": "critic.model.enable_activation_offload is set",
+        "actor_rollout_ref.actor.moe_aux_loss_coef=0.01": "moe_aux_loss_coef is set",
+        "algorithm.use_pf_ppo=true": "algorithm.use_pf_ppo is set",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov": "loss_mode=clip_cov",
+    }
+    for override, reason in blocked.items():
+        cfg = load_config(["trainer.device=cpu", *SINGLE_PASS, override], config_name="demo")
+        assert reason in forward_ahead_blocker(cfg), override
+        cfg.trainer.forward_ahead = True
+        with pytest.raises(ValueError, match=r"trainer.forward_ahead=true, but .*" + reason.split()[0]):
+            validate_config(cfg)
