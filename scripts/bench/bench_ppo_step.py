@@ -117,6 +117,7 @@ LAYOUTS["bf16"] = [
 LAYOUTS["unshared"] = ["actor_rollout_ref.model.use_shared_prompts=false"]
 LAYOUTS["sequential"] = ["trainer.overlap_updates=false"]
 LAYOUTS["aten"] = ["trainer.cpu_linear_kernel=aten"]
+LAYOUTS["no-ahead"] = ["trainer.forward_ahead=false"]  # the updates run their own forwards
 LAYOUTS["bypass"] = [
     *LAYOUTS["fast"],
     "actor_rollout_ref.rollout.calculate_log_probs=true",
@@ -130,9 +131,21 @@ before 2026-12-04). ``fast``: micro-batches as large as the batch. ``unshared``:
 ``bypass``: ``fast`` with the rollout's log-probs as the old policy's (no ``compute_log_prob`` pass).
 ``bf16``: computing in bf16 (fp32 master weights, gradients reduced in fp32), verl's and TRL's default.
 ``aten``: the linear layers through torch's ``F.linear`` (``trainer.cpu_linear_kernel=aten``), whatever
-``auto`` picks for the default."""
+``auto`` picks for the default. ``no-ahead``: the updates run their own forwards
+(``trainer.forward_ahead=false``)."""
 
-PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update")
+PHASES = (
+    "gen",
+    "reward",
+    "old_log_prob",
+    "ref",
+    "values",
+    "forward_ahead",
+    "adv",
+    "update_critic",
+    "update_actor",
+    "update",
+)
 """``timing_s/<phase>`` columns; ``update`` is the phase of the overlapped updates (``trainer.overlap_updates``),
 whose ``update_critic`` and ``update_actor`` then overlap."""
 ROLE_PROCESSES = {
