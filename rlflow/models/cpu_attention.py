@@ -9,7 +9,7 @@ attention as explicit products through `rlflow.utils.onednn.onednn_linear`:
 
 * forward, per sequence and KV head, with the ``G`` query heads of the group folded into the rows
   (``(len * G, d)``, row ``t * G + g``): ``S = Q K^T`` (len * G, len), ``P = softmax(scale * S + M)`` with
-  ``M`` the causal mask (``-inf`` above the diagonal), ``O = P V``;
+  ``M`` the causal mask of query ``t`` (``-inf`` on the keys after it), ``O = P V``;
 * backward from the stored ``P``: ``dV = P^T dO``, ``dP = dO V^T``, ``dS = scale * P * (dP - rowsum(dO * O))``,
   ``dQ = dS K``, ``dK = dS^T Q``.
 
@@ -60,18 +60,18 @@ kernel saves. Forward and backward against SDPA on the Zen 5 EPYC: ``G = 2, d = 
 (8.3M) 1.7x and 1.1x; ``G = 1, d = 64`` (2.1M) 0.98x and 0.62x; ``G = 2, d = 96, len 350-450`` (31M) 1.8x
 and 1.2x."""
 
-_MASKS: dict[tuple[int, int], torch.Tensor] = {}
+_MASK = torch.zeros(0, 0)
 
 
-def _causal_mask(length: int, group: int) -> torch.Tensor:
-    """Additive mask (length * group, length): row ``t * group + g`` is -inf on keys after ``t``."""
-    mask = _MASKS.get((length, group))
-    if mask is None:
-        mask = torch.full((length, length), float("-inf")).triu_(1).repeat_interleave(group, dim=0)
-        if len(_MASKS) > 4096:
-            _MASKS.clear()
-        _MASKS[(length, group)] = mask
-    return mask
+def _causal_mask(length: int) -> torch.Tensor:
+    """Additive causal mask (length, length): -inf on the keys after each query. The top-left block of
+    one cached mask, grown to the next power of two when a longer sequence comes (at most `MAX_LENGTH`
+    squared floats, 4 MiB)."""
+    global _MASK
+    if _MASK.shape[0] < length:
+        size = 1 << (length - 1).bit_length()
+        _MASK = torch.full((size, size), float("-inf")).triu_(1)
+    return _MASK[:length, :length]
 
 
 def onednn_attention_applies(
@@ -136,12 +136,16 @@ class _PackedOneDNNAttention(torch.autograd.Function):
         probs = []
         segments = _segments(lengths)
         for row, start, length in segments:
-            mask = _causal_mask(length, group) if causal else None
+            mask = _causal_mask(length)[:, None] if causal else None  # (length, 1, length): every head
             for h in range(kv_heads):
                 qf = _fold(q, row, slice(h * group, (h + 1) * group), start, length)
                 key = k[row, h, start : start + length].contiguous()
-                scores = onednn_linear(qf, key)  # (length * G, length)
-                scores = torch.add(mask, scores, alpha=scale) if causal else scores.mul_(scale)
+                scores = onednn_linear(qf, key)  # (length * G, length), row t * G + g
+                if causal:
+                    scores = torch.add(mask, scores.view(length, group, length), alpha=scale)
+                    scores = scores.view(length * group, length)
+                else:
+                    scores = scores.mul_(scale)
                 p = torch.softmax(scores, dim=-1)
                 value_t = v[row, h, start : start + length].t().contiguous()  # (d, length)
                 out[row, start : start + length, h * group : (h + 1) * group] = onednn_linear(

@@ -57,6 +57,7 @@ from rlflow.trainer.worker_groups import (
     ref_beside_reward,
     resolve_forward_ahead,
     score_beside_reference,
+    sync_reference,
     values_beside_reference,
     worker_metrics,
 )
@@ -283,7 +284,9 @@ class RayPPOTrainer:
                         metrics.update(self._update_actor(trained, adv))
             if self._ref_sync_due():
                 with _timer("sync_ref", timing):
-                    self._sync_reference()
+                    sync_reference(
+                        self.groups, float(self.config.actor_rollout_ref.ref.ref_model_mixup_alpha)
+                    )
             if self._due(self.config.trainer.test_freq):
                 with _timer("testing", timing):
                     metrics.update(self._validate())
@@ -292,7 +295,7 @@ class RayPPOTrainer:
                     self._save_checkpoint()
         metrics.update(compute_data_metrics(batch, eos_token_id=self._eos_token_ids()))
         metrics.update(compute_timing_metrics(batch, timing))
-        metrics.update(self.throughput.metrics(trained, timing, self.groups))
+        metrics.update(self.throughput.metrics(trained, timing, self.groups, self.forward_ahead))
         return metrics
 
     def _due(self, freq: int | None) -> bool:
@@ -508,16 +511,6 @@ class RayPPOTrainer:
             and self.groups.ref is not None
             and self.global_steps % int(ref.ref_model_sync_steps) == 0
         )
-
-    def _sync_reference(self) -> None:
-        """``ref.sync_ref_model``: ``ref <- alpha * actor + (1 - alpha) * ref``, rank by rank. Each actor
-        rank's local shards go to the same reference rank as a Ray object (the driver holds only refs)."""
-        actor, ref = self.groups.actor, self.groups.ref
-        alpha = float(self.config.actor_rollout_ref.ref.ref_model_mixup_alpha)
-        shards = [w.weight_shards.remote() for w in actor.workers]
-        done = [w.mix_in_weights.remote(s, alpha) for w, s in zip(ref.workers, shards)]
-        watch = [(s, actor.name, rank) for rank, s in enumerate(shards)]
-        ref.wait(done, list(range(ref.world_size)), watch, what="the reference sync")
 
     # ---- validation -----------------------------------------------------------------------------------
 

@@ -54,9 +54,19 @@ class UpdateThroughput:
             threads = rank_threads(config)
             self.peak_flops = peak_flops(device, configured=configured, num_threads=threads)
 
-    def metrics(self, batch: DataProto, timing: dict[str, float], groups: WorkerGroups) -> dict[str, float]:
-        """``perf/*``: tokens/s and, for the roles that updated this step, the MFU (`compute_throughput_metrics`)."""
+    def metrics(
+        self, batch: DataProto, timing: dict[str, float], groups: WorkerGroups, ahead: bool = False
+    ) -> dict[str, float]:
+        """``perf/*``: tokens/s and, for the roles that updated this step, the MFU (`compute_throughput_metrics`).
+        With ``ahead`` (``trainer.forward_ahead``) the updates' forwards ran before their phase: the actor's
+        in ``timing["forward_ahead"]``, the critic's as its values (``timing["values"]``); each is added to
+        its update's time."""
         seqlens = batch.batch["attention_mask"].sum(-1).tolist()
+        if ahead:
+            timing = dict(timing)
+            for role, forwards in (("actor", "forward_ahead"), ("critic", "values")):
+                if f"update_{role}" in timing:
+                    timing[f"update_{role}"] += timing.get(forwards, 0.0)
         flops = {
             role: counter.estimate_flops(seqlens) * self.epochs[role]
             for role, counter in self.counters.items()

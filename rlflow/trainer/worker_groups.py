@@ -48,6 +48,7 @@ __all__ = [
     "resolve_forward_ahead",
     "resource_pool",
     "score_beside_reference",
+    "sync_reference",
     "values_beside_reference",
     "worker_metrics",
 ]
@@ -422,6 +423,16 @@ def forwards_ahead(
         metrics = worker_metrics(actor.result())
         timing["forward_ahead"] = time.perf_counter() - actor_start
     return out, values, metrics
+
+
+def sync_reference(groups: WorkerGroups, alpha: float) -> None:
+    """``ref.sync_ref_model``: ``ref <- alpha * actor + (1 - alpha) * ref``, rank by rank. Each actor
+    rank's local shards go to the same reference rank as a Ray object (the driver holds only refs)."""
+    actor, ref = groups.actor, groups.ref
+    shards = [w.weight_shards.remote() for w in actor.workers]
+    done = [w.mix_in_weights.remote(s, alpha) for w, s in zip(ref.workers, shards)]
+    watch = [(s, actor.name, rank) for rank, s in enumerate(shards)]
+    ref.wait(done, list(range(ref.world_size)), watch, what="the reference sync")
 
 
 @contextlib.contextmanager
