@@ -275,11 +275,9 @@ class DataParallelPPOActor:
             )
         self.actor_module.train()
         entropy = float(self.config.entropy_coeff) != 0 or "old_log_probs" not in data.batch.keys()
-        batch = DataProto(batch=data.batch.select(*[k for k in FORWARD_KEYS if k in data.batch.keys()]))
         self._ahead, _, _ = run_ahead(
-            batch,
+            data,
             self.update,
-            self.update.micro,
             step,
             lambda mb: self._forward_micro_batch(mb, self.temperature, entropy),
             self.sync_group,

@@ -153,11 +153,9 @@ class DataParallelPPOCritic:
             )
         self.critic_module.train()
         mask = response_mask_of(data)
-        batch = DataProto(batch=data.batch.select(*[k for k in FORWARD_KEYS if k in data.batch.keys()]))
         self._ahead, micro, order = run_ahead(
-            batch,
+            data,
             self.update,
-            self.update.micro,
             step,
             self._forward_micro_batch,
             self.sync_group,

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from rlflow.engine.batching import MicroBatchSpec, UpdateSpec
-from rlflow.engine.ppo_loop import iter_mini_batches, split_micro_batches
+from rlflow.engine.batching import UpdateSpec
+from rlflow.engine.ppo_loop import FORWARD_KEYS, iter_mini_batches, split_micro_batches
 from rlflow.protocol import DataProto
 
 __all__ = ["ForwardAhead", "is_single_pass", "run_ahead"]
@@ -65,7 +65,6 @@ class ForwardAhead:
 def run_ahead(
     data: DataProto,
     spec: UpdateSpec,
-    micro: MicroBatchSpec,
     step: int,
     forward: Callable[[Any], Any],
     sync_group: Any = None,
@@ -74,9 +73,8 @@ def run_ahead(
     """Run ``forward`` on the micro-batches the single-pass update of ``data`` at ``step`` will form.
 
     Args:
-        data: the rank's samples as the update will receive them (forward keys at least).
-        spec: the role's `UpdateSpec` (`is_single_pass` must hold).
-        micro: the update's micro-batching (``spec.micro``).
+        data: the rank's samples as the update will receive them (the forward keys are read).
+        spec: the role's `UpdateSpec` (`is_single_pass` must hold); its micro-batching is the update's.
         step: the training step (seeds the mini-batch permutation, as `run_update`).
         forward: one micro-batch's forward with autograd (the role's ``_forward_micro_batch``).
         sync_group / share_prompts: as `split_micro_batches`.
@@ -93,11 +91,11 @@ def run_ahead(
             f"of {len(data)} samples"
         )
     n = len(data)
-    indexed = DataProto(batch=data.batch.clone(recurse=False), meta_info=data.meta_info)
+    indexed = DataProto(batch=data.batch.select(*[k for k in FORWARD_KEYS if k in data.batch.keys()]))
     indexed.batch[_INDEX] = torch.arange(n)
     (_, mini), *_ = list(iter_mini_batches(indexed, n, 1, spec.shuffle, spec.seed + step))
     order = mini.batch.pop(_INDEX)
-    micro_batches = split_micro_batches(mini.batch, micro, sync_group, share_prompts)
+    micro_batches = split_micro_batches(mini.batch, spec.micro, sync_group, share_prompts)
     keys = [(mb["input_ids"], mb["attention_mask"]) for mb in micro_batches.batches]
     outputs = [forward(mb) for mb in micro_batches.batches]
     return ForwardAhead(keys, outputs), micro_batches, order

@@ -1,4 +1,4 @@
-"""Causal attention of packed sequences with oneDNN's GEMM on the CPU, for models whose linear layers
+"""Attention of packed sequences with oneDNN's GEMM on the CPU, for models whose linear layers
 compute with oneDNN (``trainer.cpu_linear_kernel`` resolved to ``onednn``, `rlflow.models.cpu_linear`).
 
 The packed path of `rlflow.models.attention` runs one SDPA call per sequence. On the CPU that is torch's
@@ -19,7 +19,8 @@ takes ``heads * len**2`` floats per sequence and layer until the backward, so se
 without oneDNN) keep the SDPA call.
 
 Measured on one core of the 2-core Zen 5 EPYC (docs/benchmarks.md), one 13M layer over 16 sequences of
-140-200 tokens: forward and backward 22 ms against SDPA's 34.5, forward alone 6.9 against 10.3.
+140-200 tokens: forward and backward 22-24 ms against SDPA's 34.5-35, forward alone 6.9-7.5 against
+10.3-10.7.
 """
 
 from __future__ import annotations
@@ -114,6 +115,38 @@ def _fold(x: torch.Tensor, row: int, heads: slice, start: int, length: int) -> t
     return x[row, heads, start : start + length].transpose(0, 1).reshape(-1, x.shape[-1])
 
 
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[list[int]], scale: float, causal: bool
+) -> tuple[torch.Tensor, list[torch.Tensor], list[tuple[int, int, int]]]:
+    """The forward: ``(out (b, s, heads, d), P of every sequence and KV head, the segments)``."""
+    batch, heads, seq, dim = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
+    out = q.new_empty(batch, seq, heads, dim)  # returned as (b, h, s, d): its transpose is contiguous
+    if any(sum(row) < seq for row in lengths):
+        out.zero_()
+    probs = []
+    segments = _segments(lengths)
+    for row, start, length in segments:
+        mask = _causal_mask(length)[:, None] if causal else None  # (length, 1, length): every head
+        for h in range(kv_heads):
+            qf = _fold(q, row, slice(h * group, (h + 1) * group), start, length)
+            key = k[row, h, start : start + length].contiguous()
+            scores = onednn_linear(qf, key)  # (length * G, length), row t * G + g
+            if causal:
+                scores = torch.add(mask, scores.view(length, group, length), alpha=scale)
+                scores = scores.view(length * group, length)
+            else:
+                scores = scores.mul_(scale)
+            p = torch.softmax(scores, dim=-1)
+            value_t = v[row, h, start : start + length].t().contiguous()  # (d, length)
+            out[row, start : start + length, h * group : (h + 1) * group] = onednn_linear(p, value_t).view(
+                length, group, dim
+            )
+            probs.append(p)
+    return out, probs, segments
+
+
 class _PackedOneDNNAttention(torch.autograd.Function):
     """q (b, h, s, d), k/v (b, h_kv, s, d) -> (b, h, s, d), causal or not inside each packed sequence."""
 
@@ -127,31 +160,7 @@ class _PackedOneDNNAttention(torch.autograd.Function):
         scale: float,
         causal: bool,
     ) -> torch.Tensor:
-        batch, heads, seq, dim = q.shape
-        kv_heads = k.shape[1]
-        group = heads // kv_heads
-        out = q.new_empty(batch, seq, heads, dim)  # returned as (b, h, s, d): its transpose is contiguous
-        if any(sum(row) < seq for row in lengths):
-            out.zero_()
-        probs = []
-        segments = _segments(lengths)
-        for row, start, length in segments:
-            mask = _causal_mask(length)[:, None] if causal else None  # (length, 1, length): every head
-            for h in range(kv_heads):
-                qf = _fold(q, row, slice(h * group, (h + 1) * group), start, length)
-                key = k[row, h, start : start + length].contiguous()
-                scores = onednn_linear(qf, key)  # (length * G, length), row t * G + g
-                if causal:
-                    scores = torch.add(mask, scores.view(length, group, length), alpha=scale)
-                    scores = scores.view(length * group, length)
-                else:
-                    scores = scores.mul_(scale)
-                p = torch.softmax(scores, dim=-1)
-                value_t = v[row, h, start : start + length].t().contiguous()  # (d, length)
-                out[row, start : start + length, h * group : (h + 1) * group] = onednn_linear(
-                    p, value_t
-                ).view(length, group, dim)
-                probs.append(p)
+        out, probs, segments = _attend(q, k, v, lengths, scale, causal)
         ctx.save_for_backward(q, k, v, out)
         ctx.probs, ctx.segments, ctx.scale = probs, segments, scale
         return out.transpose(1, 2)
@@ -214,15 +223,4 @@ def packed_onednn_attention(
     scale = float(scaling) if scaling is not None else q.shape[-1] ** -0.5
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _PackedOneDNNAttention.apply(q, k, v, lengths, scale, causal)
-    with torch.no_grad():
-        return _PackedOneDNNAttention.forward(_NoGradCtx(), q, k, v, lengths, scale, causal)
-
-
-class _NoGradCtx:
-    """Stands in for autograd's context in a forward without autograd (nothing is kept)."""
-
-    def save_for_backward(self, *tensors: torch.Tensor) -> None:
-        pass
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        pass
+    return _attend(q, k, v, lengths, scale, causal)[0].transpose(1, 2)  # no autograd: nothing kept

@@ -29,6 +29,7 @@ equal transformers' to float rounding (``tests/rollout/test_fast_decode.py``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,10 +112,13 @@ the 13M bench model (53 MB, 32 MiB L3) decodes 16 x 127 steps in 424 ms with eve
 447-467 ms with the (384, 384) output projections and the LM head unpacked (`FastDecoder`)."""
 
 _DEFAULT_LLC_BYTES = 32 << 20
+_SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
+@functools.cache
 def last_level_cache_bytes() -> int:
-    """The CPU's last-level cache in bytes, from sysfs (Linux); 32 MiB where it cannot be read."""
+    """The CPU's last-level cache in bytes, from sysfs (Linux; read once per process); 32 MiB where it
+    cannot be read."""
     base = Path("/sys/devices/system/cpu/cpu0/cache")
     sizes = []
     for index in base.glob("index*"):
@@ -122,9 +126,8 @@ def last_level_cache_bytes() -> int:
             text = (index / "size").read_text().strip()
         except OSError:
             continue
-        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-        if text[-1:] in units and text[:-1].isdigit():
-            sizes.append(int(text[:-1]) * units[text[-1]])
+        if text[-1:] in _SIZE_UNITS and text[:-1].isdigit():
+            sizes.append(int(text[:-1]) * _SIZE_UNITS[text[-1]])
         elif text.isdigit():
             sizes.append(int(text))
     return max(sizes, default=_DEFAULT_LLC_BYTES)
